@@ -1,0 +1,119 @@
+"""Per-operation cost of the radix prefix cache as the tree grows.
+
+Builds trees of about 1k, 10k and 100k nodes from requests that branch off earlier ones (as chat
+turns and shared system prompts do), then times match_prefix, insert_prefix and a fixed small
+evict on each. Eviction pops LRU leaves from a maintained heap, so its cost should stay flat.
+
+Run: python benchmarks/radix_tree_bench.py
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+# Run as a plain script from a checkout: make the repo root importable.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from minisgl.kvcache.radix_cache import RadixPrefixCache  # noqa: E402
+
+VOCAB = 32000
+EVICT_TOKENS = 16
+TIMED_OPS = 2000
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+class Workload:
+    """Random requests; most reuse a random-length prefix of an earlier one, so the tree branches."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.history: list[torch.Tensor] = []
+        self.next_slot = 0
+
+    def request(self) -> tuple[torch.Tensor, torch.Tensor]:
+        tail = torch.randint(0, VOCAB, (self.rng.randint(16, 128),))
+        if self.history and self.rng.random() < 0.8:
+            parent = self.rng.choice(self.history)
+            ids = torch.cat([parent[: self.rng.randint(1, len(parent))], tail])
+        else:
+            ids = tail
+        self.history.append(ids)
+        slots = torch.arange(self.next_slot, self.next_slot + len(ids))
+        self.next_slot += len(ids)
+        return ids, slots
+
+
+def count_nodes(cache: RadixPrefixCache) -> int:
+    return sum(1 for _ in cache._iter_nodes())
+
+
+def per_op_us(ops: list[Callable[[], object]]) -> float:
+    start = time.perf_counter()
+    for op in ops:
+        op()
+    return (time.perf_counter() - start) / len(ops) * 1e6
+
+
+def bench(target_nodes: int) -> dict[str, float]:
+    cache = RadixPrefixCache("cpu")
+    work = Workload(seed=target_nodes)
+    torch.manual_seed(target_nodes)
+    start = time.perf_counter()
+    # Each insert adds a leaf and usually splits a node, so about 1.8 nodes per request.
+    while True:
+        for _ in range(max(1, target_nodes // 20)):
+            cache.insert_prefix(*work.request())
+        if count_nodes(cache) >= target_nodes:
+            break
+    build_s = time.perf_counter() - start
+    nodes, tokens = count_nodes(cache), cache.size_info.total
+
+    # Full hits on earlier requests: the walk is O(depth) dict lookups plus vectorized compares.
+    queries = [work.rng.choice(work.history) for _ in range(TIMED_OPS)]
+    match_us = per_op_us([lambda q=q: cache.match_prefix(q) for q in queries])
+    depth = sum(cache.match_prefix(q).handle.cached_len for q in queries) / len(queries)
+
+    requests = [work.request() for _ in range(TIMED_OPS)]
+    insert_us = per_op_us([lambda r=r: cache.insert_prefix(*r) for r in requests])
+
+    num_evicts = min(TIMED_OPS, cache.size_info.evictable // (2 * EVICT_TOKENS))
+    evict_us = per_op_us([lambda: cache.evict(EVICT_TOKENS)] * num_evicts)
+    cache.check_integrity()
+    return dict(
+        nodes=nodes, tokens=tokens, build_s=build_s, match_len=depth,
+        match_us=match_us, insert_us=insert_us, evict_us=evict_us,
+    )
+
+
+def main() -> None:
+    print(f"CPU: {cpu_model()} | cores: {os.cpu_count()} | torch {torch.__version__} "
+          f"(threads {torch.get_num_threads()}) | python {platform.python_version()}")
+    print(f"timed ops per cell: {TIMED_OPS}; evict frees >= {EVICT_TOKENS} tokens per call; page_size 1\n")
+    header = f"{'nodes':>8} {'tokens':>10} {'build s':>8} {'avg hit':>8} {'match us':>9} {'insert us':>10} {'evict us':>9}"
+    print(header)
+    print("-" * len(header))
+    for target in (1_000, 10_000, 100_000):
+        r = bench(target)
+        print(f"{r['nodes']:>8} {r['tokens']:>10} {r['build_s']:>8.2f} {r['match_len']:>8.0f} "
+              f"{r['match_us']:>9.1f} {r['insert_us']:>10.1f} {r['evict_us']:>9.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from minisgl.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Small vectorized helpers used by the engine's hot paths."""

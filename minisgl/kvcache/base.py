@@ -1,0 +1,109 @@
+"""The prefix-cache interface every cache implementation plugs into.
+
+A prefix cache maps token-id prefixes to the KV slots that already hold their keys and values.
+Slots are token-granular (one index per token, like the page table); with ``page_size > 1`` only
+whole pages are ever stored, so every stored run of slots is a run of whole pages.
+
+Ownership rule: slots handed to ``insert_prefix`` beyond the returned ``cached_len`` belong to the
+cache from then on; the caller frees its own copies of ``[its cached_len, returned cached_len)``.
+Slots under a locked handle are never evicted.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable, NamedTuple
+
+import torch
+
+
+class CacheHandle(ABC):
+    """A position in the cache: the end of a matched or inserted prefix."""
+
+    cached_len: int
+
+    @abstractmethod
+    def get_matched_indices(self) -> torch.Tensor:
+        """The KV slots of the whole prefix ``[0, cached_len)``, as a 1-D int64 tensor."""
+
+
+class MatchResult(NamedTuple):
+    handle: CacheHandle
+
+
+class InsertResult(NamedTuple):
+    cached_len: int  # how much of the inserted prefix the cache already held before this call
+    handle: CacheHandle  # points at the end of the inserted (page-aligned) prefix
+
+
+class SizeInfo(NamedTuple):
+    evictable: int  # tokens held by the cache under no lock
+    protected: int  # tokens held by the cache under at least one lock
+
+    @property
+    def total(self) -> int:
+        return self.evictable + self.protected
+
+
+class PrefixCache(ABC):
+    """Pluggable prefix cache; see the module docstring for who owns which slots."""
+
+    # Whether a request can reuse what another inserted: the scheduler then holds back a request
+    # that shares a long uncached prefix with one being prefilled, rather than compute it twice.
+    shares_prefixes: bool = True
+
+    def __init__(self, device: torch.device | str, page_size: int = 1) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.device = torch.device(device)
+        self.page_size = page_size
+
+    @abstractmethod
+    def match_prefix(self, input_ids: torch.Tensor, namespace: str | None = None) -> MatchResult:
+        """Longest cached prefix of ``input_ids`` (page-aligned). Does not lock it."""
+
+    @abstractmethod
+    def insert_prefix(
+        self, input_ids: torch.Tensor, indices: torch.Tensor, namespace: str | None = None
+    ) -> InsertResult:
+        """Store the whole pages of ``input_ids`` whose KV lives in ``indices``."""
+
+    @abstractmethod
+    def lock_handle(self, handle: CacheHandle, unlock: bool = False) -> None:
+        """Protect (or release) the prefix under ``handle`` from eviction."""
+
+    @abstractmethod
+    def evict(self, num_tokens: int) -> torch.Tensor:
+        """Free at least ``num_tokens`` evictable tokens; returns the freed KV slots."""
+
+    @abstractmethod
+    def reset(self) -> torch.Tensor:
+        """Drop every entry (all must be unlocked); returns the freed KV slots."""
+
+    @property
+    @abstractmethod
+    def size_info(self) -> SizeInfo: ...
+
+    @abstractmethod
+    def check_integrity(self) -> None:
+        """Re-derive every counter from scratch and raise ``AssertionError`` on a mismatch."""
+
+
+_REGISTRY: dict[str, Callable[..., PrefixCache]] = {}
+
+
+def register_cache(name: str) -> Callable[[type[PrefixCache]], type[PrefixCache]]:
+    def wrap(cls: type[PrefixCache]) -> type[PrefixCache]:
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def create_prefix_cache(name: str, device: torch.device | str, page_size: int = 1) -> PrefixCache:
+    # Importing the implementations registers them; done here so importing base has no side effects.
+    from minisgl.kvcache import naive_cache, radix_cache  # noqa: F401
+
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown cache_type {name!r}; choose one of {sorted(_REGISTRY)}")
+    return _REGISTRY[name](device, page_size)

@@ -1,0 +1,37 @@
+"""The paged KV pool: one K tensor and one V tensor for all layers, indexed by KV slot."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVPool:
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.num_pages, self.page_size = num_pages, page_size
+        shape = (num_layers, num_pages * page_size, num_kv_heads, head_dim)
+        # Zeroed, not empty: padded attention reads unused slots under a zero weight, and
+        # 0 * NaN from uninitialised memory would poison the output.
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
+
+    def store(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write the new tokens' K/V in place at their slots."""
+        self.k[layer_id].index_copy_(0, slots, k)
+        self.v[layer_id].index_copy_(0, slots, v)

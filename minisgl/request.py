@@ -1,0 +1,59 @@
+"""A request as the scheduler sees it, with the lengths that say where its KV lives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from minisgl.kvcache.base import CacheHandle
+from minisgl.sampling import SamplingParams
+
+
+@dataclass(eq=False)
+class Req:
+    """Positions of ``token_ids`` split into regions (all lengths count tokens from position 0):
+
+    ``[0, cached_len)``       held by the prefix cache, locked through ``handle``
+    ``[cached_len, device_len)`` computed KV in slots this request owns
+    ``[device_len, seq_len)`` not computed yet: ``extend_len`` tokens for the next forward pass
+    ``[0, allocated_len)``    has KV slots in the request's page-table row (whole pages)
+    """
+
+    rid: int
+    token_ids: list[int]  # the prompt, then each generated token
+    params: SamplingParams
+    namespace: str | None = None  # cache_salt: requests only share cache entries within one namespace
+    prompt_len: int = field(init=False)
+    generator: torch.Generator | None = None
+    row: int = -1  # page-table row while admitted
+    handle: CacheHandle | None = None
+    cached_len: int = 0
+    device_len: int = 0
+    allocated_len: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens reused from the cache (reported to the user)
+    finish_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.token_ids)
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def extend_len(self) -> int:
+        return self.seq_len - self.device_len
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len :]
+
+    @property
+    def max_kv_len(self) -> int:
+        """KV slots the request can ever need: the last sampled token is never fed back."""
+        return self.prompt_len + self.params.max_tokens - 1
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.device_len < self.prompt_len

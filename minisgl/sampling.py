@@ -1,0 +1,103 @@
+"""Sampling parameters and the batched sampler that turns logits into next tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = -1  # -1 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None  # per-request seed: the same seed gives the same tokens
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def validate(self, vocab_size: int) -> None:
+        """Raise ``ValueError`` naming the first bad field."""
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
+        if self.top_k != -1 and not 1 <= self.top_k <= vocab_size:
+            raise ValueError(f"top_k must be -1 or in [1, {vocab_size}], got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+        if any(not isinstance(t, int) or not 0 <= t < vocab_size for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be token ids in [0, {vocab_size}), got {self.stop_token_ids!r}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+
+
+def _filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, top-k, top-p and min-p applied to one row of logits (float32)."""
+    logits = logits / params.temperature
+    if params.top_k > 0:
+        kth = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.min_p > 0.0:
+        logits = logits.masked_fill(probs < params.min_p * probs.max(), float("-inf"))
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(torch.softmax(logits, dim=-1), descending=True)
+        # Keep the smallest prefix whose mass reaches top_p: drop a token once the mass before it does.
+        drop_sorted = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= params.top_p
+        logits = logits.masked_fill(drop_sorted.scatter(0, order, drop_sorted), float("-inf"))
+    return logits
+
+
+class Sampler:
+    """Samples one token per row. Greedy rows are one batched argmax; other rows draw from their own
+    generator so that a seeded request is reproducible whatever batch it lands in."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self._default_generator = torch.Generator().manual_seed(seed)
+
+    @staticmethod
+    def generator_for(params: SamplingParams) -> torch.Generator | None:
+        if params.greedy or params.seed is None:
+            return None
+        return torch.Generator().manual_seed(params.seed)
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+    ) -> torch.Tensor:
+        """``logits``: [batch, vocab] → next token ids [batch] (int64, on the CPU)."""
+        next_ids = torch.argmax(logits, dim=-1).cpu()
+        sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
+        if sampled_rows:
+            rows = logits[sampled_rows].float().cpu()
+            for row, i in zip(rows, sampled_rows):
+                probs = torch.softmax(_filter_logits(row, params[i]), dim=-1)
+                generator = generators[i] or self._default_generator
+                next_ids[i] = torch.multinomial(probs, 1, generator=generator)[0]
+        return next_ids
+
+
+def cut_at_stop(text: str, stop: list[str]) -> str:
+    """The text before the first stop string (stop strings are not part of the output)."""
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
+    return text[:cut]

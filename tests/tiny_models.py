@@ -1,0 +1,48 @@
+"""Tiny random-weight models, built with transformers' own configs and saved as safetensors, so
+tests exercise the real folder loader without any download."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
+
+VOCAB = 512
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    eos_token_id=1,
+    bos_token_id=0,
+)
+CONFIGS = {
+    "llama": lambda: LlamaConfig(**_COMMON, head_dim=16, tie_word_embeddings=True),
+    "qwen2": lambda: Qwen2Config(**_COMMON),
+    "qwen3": lambda: Qwen3Config(**_COMMON, head_dim=32, tie_word_embeddings=False),
+}
+
+
+def _word_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {"<s>": 0, "</s>": 1, "<unk>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def build_tiny_model(kind: str, folder: Path, seed: int = 0) -> Path:
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(CONFIGS[kind]())
+    # Random init gives near-uniform logits; scale weights up so greedy choices are not near-ties.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(8.0)
+    model.save_pretrained(folder)
+    _word_tokenizer().save_pretrained(folder)
+    return folder
