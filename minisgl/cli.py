@@ -8,6 +8,7 @@ import sys
 from dataclasses import asdict
 
 from minisgl.config import EngineConfig
+from minisgl.server.args import add_server_args
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +50,24 @@ def _generate(args: argparse.Namespace) -> None:
     llm.shutdown()
 
 
+def _serve(args: argparse.Namespace) -> None:
+    from minisgl.server.launch import serve
+
+    sys.exit(serve(args, config_from_args(args)))
+
+
+def _chat(args: argparse.Namespace) -> None:
+    from minisgl.llm import LLM
+    from minisgl.sampling import SamplingParams
+    from minisgl.server.chat_shell import run_chat
+
+    llm = LLM(**asdict(config_from_args(args)))
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.sampling_seed)
+    params.validate(llm.scheduler.vocab_size)
+    run_chat(llm, params, args.system)
+    llm.shutdown()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m minisgl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -60,6 +79,25 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     add_engine_args(gen)
     gen.set_defaults(func=_generate)
+
+    srv = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server (scheduler in its own process)",
+        description="Serve /v1/chat/completions, /v1/completions, /generate, /v1/models, /health, /metrics, "
+        "/flush_cache and /debug/kv. SIGINT/SIGTERM shut down cleanly; exits 1 if the engine process dies.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_server_args(srv)
+    add_engine_args(srv)
+    srv.set_defaults(func=_serve)
+
+    chat = sub.add_parser("chat", help="interactive chat with the in-process engine (streams answers, reuses the cache)")
+    chat.add_argument("--system", default=None, help="system prompt for the conversation")
+    chat.add_argument("--max-tokens", type=int, default=256, help="longest answer, in tokens")
+    chat.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (repeatable answers)")
+    chat.add_argument("--sampling-seed", type=int, default=None, help="per-request seed for sampling")
+    add_engine_args(chat)
+    chat.set_defaults(func=_chat)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     try:

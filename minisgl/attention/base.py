@@ -33,9 +33,13 @@ def register_backend(name: str) -> Callable[[type[AttentionBackend]], type[Atten
     return wrap
 
 
-def create_backend(name: str, pool: KVPool, page_table: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> AttentionBackend:
-    from minisgl.attention import torch_backend  # noqa: F401  (registers "torch")
+def backend_names() -> list[str]:
+    from minisgl.attention import torch_backend  # noqa: F401  (importing registers "torch")
 
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown attention backend {name!r}; choose one of {sorted(_REGISTRY)}")
+    return sorted(_REGISTRY)
+
+
+def create_backend(name: str, pool: KVPool, page_table: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> AttentionBackend:
+    if name not in backend_names():
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {backend_names()}")
     return _REGISTRY[name](pool, page_table, num_heads, num_kv_heads, head_dim)

@@ -100,10 +100,14 @@ def register_cache(name: str) -> Callable[[type[PrefixCache]], type[PrefixCache]
     return wrap
 
 
-def create_prefix_cache(name: str, device: torch.device | str, page_size: int = 1) -> PrefixCache:
+def cache_types() -> list[str]:
     # Importing the implementations registers them; done here so importing base has no side effects.
     from minisgl.kvcache import naive_cache, radix_cache  # noqa: F401
 
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown cache_type {name!r}; choose one of {sorted(_REGISTRY)}")
+    return sorted(_REGISTRY)
+
+
+def create_prefix_cache(name: str, device: torch.device | str, page_size: int = 1) -> PrefixCache:
+    if name not in cache_types():
+        raise ValueError(f"unknown cache_type {name!r}; choose one of {cache_types()}")
     return _REGISTRY[name](device, page_size)

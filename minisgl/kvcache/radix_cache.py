@@ -2,9 +2,11 @@
 
 The tree is path-compressed: a node holds an unbranched run of whole pages of token ids (its key)
 and the KV slots of those tokens (its value), so a long shared system prompt is a single node that
-is compared in one vectorized step. Keys are numpy arrays: a walk indexes and compares them once
-per level, where a numpy call costs a fraction of a torch op's dispatch overhead. Eviction removes unlocked leaves in LRU order; the set of
-such leaves is maintained incrementally so that evicting never rescans the tree.
+is compared in one vectorized step. Keys are numpy arrays because a walk indexes and compares them
+once per level, where a numpy call costs a fraction of a torch op's dispatch overhead.
+
+Eviction removes unlocked leaves in LRU order; the set of such leaves is maintained incrementally
+so that evicting never rescans the tree.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class RadixHandle(CacheHandle):
         self._device = device
 
     def get_matched_indices(self) -> torch.Tensor:
-        parts = []
+        parts: list[torch.Tensor] = []
         node: _Node | None = self.node
         while node is not None:  # the root's empty value keeps the list non-empty
             parts.append(node.value)
@@ -146,7 +148,7 @@ class RadixPrefixCache(PrefixCache):
 
     def evict(self, num_tokens: int) -> torch.Tensor:
         if num_tokens <= 0:
-            return _EMPTY.to(self.device)
+            return torch.empty(0, dtype=torch.int64, device=self.device)
         if num_tokens > self._evictable:
             raise ValueError(f"cannot evict {num_tokens} tokens: only {self._evictable} are evictable")
         # Every unlocked node's subtree is unlocked (locks run up to the root), so removing leaves
@@ -192,6 +194,7 @@ class RadixPrefixCache(PrefixCache):
         for namespace, root in self._roots.items():
             assert root.parent is None and root.namespace == namespace and len(root.key) == 0
             assert root.ref_count == 0, "roots are never locked"
+            assert namespace is None or root.children, "an emptied namespace root lingers"
         evictable = protected = 0
         leaves: set[_Node] = set()
         slots: list[torch.Tensor] = []
@@ -217,7 +220,7 @@ class RadixPrefixCache(PrefixCache):
         assert leaves == self._leaves, "evictable-leaf set drifted"
         all_slots = torch.cat([_EMPTY, *slots])
         assert len(all_slots.unique()) == len(all_slots), "a KV slot is held by two nodes"
-        queued = {}
+        queued: dict[_Node, int] = {}
         for timestamp, _, node in self._heap:
             queued[node] = min(timestamp, queued.get(node, timestamp))
         for leaf in leaves:
@@ -233,11 +236,12 @@ class RadixPrefixCache(PrefixCache):
         self._clock += 1
         node, pos = root, 0
         while pos < len(tokens):
-            child = node.children.get(self._child_key(tokens[pos:]))
+            rest = tokens[pos:]
+            child = node.children.get(self._child_key(rest))
             if child is None:
                 break
             # The dict lookup already matched the first page, so at least one page matches.
-            n = fast_compare_key(child.key, tokens[pos:]) // self.page_size * self.page_size
+            n = fast_compare_key(child.key, rest) // self.page_size * self.page_size
             if n < len(child.key):
                 head = self._split(child, n)
                 head.timestamp = self._clock

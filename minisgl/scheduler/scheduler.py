@@ -59,8 +59,8 @@ class Scheduler:
     @classmethod
     def from_config(cls, config: EngineConfig) -> "Scheduler":
         path = resolve_model_path(config.model)
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        return cls(Engine(config, path), config, tokenizer)
+        engine = Engine(config, path)  # validates config.json before the tokenizer is looked at
+        return cls(engine, config, AutoTokenizer.from_pretrained(str(path)))
 
     # -- requests ------------------------------------------------------------------------------
     @property

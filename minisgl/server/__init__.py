@@ -1,0 +1,1 @@
+"""The HTTP server (front end + scheduler process) and the interactive chat shell."""

@@ -1,0 +1,118 @@
+"""``python -m minisgl chat``: an interactive conversation with the in-process engine.
+
+The whole history is re-sent every turn; the radix cache makes that cheap, and each answer ends
+with how much of the prompt came from the cache.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from minisgl.llm import LLM
+from minisgl.sampling import SamplingParams
+from minisgl.server.detokenizer import IncrementalDetokenizer
+
+HELP = "Commands: /reset forgets the conversation, /exit (or Ctrl-D) quits. Ctrl-C stops an answer."
+
+
+@dataclass
+class TurnStats:
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    seconds: float
+
+    def __str__(self) -> str:
+        rate = self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
+        return (
+            f"[prompt {self.prompt_tokens} tokens, {self.cached_tokens} cached; "
+            f"{self.completion_tokens} generated, {rate:.1f} tok/s]"
+        )
+
+
+class ChatSession:
+    def __init__(self, llm: LLM, params: SamplingParams, system: str | None = None) -> None:
+        self.llm, self.params, self.system = llm, params, system
+        self.history: list[dict[str, str]] = []
+        self.last: TurnStats | None = None
+        self._rids = itertools.count()
+        self.reset()
+
+    def reset(self) -> None:
+        self.history = [{"role": "system", "content": self.system}] if self.system else []
+
+    def ask(self, text: str) -> Iterator[str]:
+        """Stream the answer to ``text``; afterwards ``last`` holds the turn's stats.
+
+        Raises ``ValueError`` (history too long for the context, ...) before anything is queued. If
+        the caller stops early (Ctrl-C), the request is aborted and the turn is not kept.
+        """
+        conversation = [*self.history, {"role": "user", "content": text}]
+        scheduler = self.llm.scheduler
+        req = scheduler.make_request(next(self._rids), self.llm.apply_chat_template(conversation), self.params)
+        scheduler.add(req)
+        detok = IncrementalDetokenizer(self.llm.tokenizer, self.params.stop)
+        start, finished = time.monotonic(), False
+        try:
+            while not finished:
+                for out in scheduler.step():
+                    if out.rid != req.rid:
+                        continue
+                    piece = detok.push(out.token_id)
+                    if out.finish_reason is not None:
+                        piece += detok.finish()
+                        finished = True
+                    if piece:
+                        yield piece
+        finally:
+            if not finished:
+                scheduler.abort(req.rid)
+        self.history = [*conversation, {"role": "assistant", "content": detok.emitted}]
+        self.last = TurnStats(req.prompt_len, req.cached_prompt_tokens, len(req.output_ids), time.monotonic() - start)
+
+
+def _line_reader() -> Callable[[], str]:
+    """prompt_toolkit (history, line editing) on a terminal; plain input() when piped."""
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        from prompt_toolkit import PromptSession
+
+        session: PromptSession[str] = PromptSession()
+        return lambda: session.prompt("you> ")
+    return lambda: input("you> ")
+
+
+def run_chat(llm: LLM, params: SamplingParams, system: str | None) -> None:
+    session = ChatSession(llm, params, system)
+    read_line = _line_reader()
+    print(HELP, flush=True)
+    while True:
+        try:
+            line = read_line().strip()
+        except EOFError:
+            break
+        except KeyboardInterrupt:
+            continue
+        if not line:
+            continue
+        if line == "/exit":
+            break
+        if line == "/reset":
+            session.reset()
+            print("[conversation reset]", flush=True)
+            continue
+        try:
+            sys.stdout.write("bot> ")
+            for piece in session.ask(line):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except ValueError as e:
+            print(f"[error: {e}; /reset starts over]", flush=True)
+            continue
+        except KeyboardInterrupt:
+            print("\n[interrupted]", flush=True)
+            continue
+        print(f"\n{session.last}", flush=True)

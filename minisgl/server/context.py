@@ -1,0 +1,63 @@
+"""What every HTTP handler needs: the engine client, the tokenizer, metrics and server settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from starlette.requests import Request
+from transformers import PreTrainedTokenizerBase
+
+from minisgl.sampling import SamplingParams
+from minisgl.server.engine_client import EngineClient
+from minisgl.server.errors import ApiError
+from minisgl.server.generation import Generation
+from minisgl.server.metrics import ServerMetrics
+from minisgl.server.schemas import read_body
+
+_PARAM_NAMES = {f.name for f in fields(SamplingParams)}
+
+
+@dataclass
+class ServerContext:
+    client: EngineClient
+    tokenizer: PreTrainedTokenizerBase
+    metrics: ServerMetrics
+    model_name: str
+    api_key: str | None
+    max_body_bytes: int
+
+    @property
+    def context_len(self) -> int:
+        assert self.client.ready is not None, "handlers run only after the scheduler is ready"
+        return self.client.ready.max_seq_len
+
+    async def body(self, request: Request) -> bytes:
+        return await read_body(request, self.max_body_bytes)
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise ApiError(404, f"The model `{model}` does not exist; this server serves `{self.model_name}`",
+                           param="model", code="model_not_found")  # fmt: skip
+
+    def default_max_tokens(self, prompts: list[list[int]], cap: int) -> int:
+        """Fill the context up to ``cap``; a prompt that leaves no room is rejected later with a clear message."""
+        return max(1, min(cap, self.context_len - max(len(p) for p in prompts)))
+
+    def validate(self, params: SamplingParams) -> None:
+        """Checks that need no scheduler state, answered at once (the scheduler checks lengths)."""
+        assert self.client.ready is not None
+        try:
+            params.validate(self.client.ready.vocab_size)
+        except ValueError as e:
+            name = str(e).split(" ", 1)[0]
+            raise ApiError(400, str(e), param=name if name in _PARAM_NAMES else None) from None
+
+    def generation(self, prompts: list[list[int]], params: SamplingParams, n: int, namespace: str | None) -> Generation:
+        self.validate(params)
+        return Generation(self.client, self.tokenizer, self.metrics, prompts, params, n, namespace)
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    """Returns when the client goes away (the body must have been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

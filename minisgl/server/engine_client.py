@@ -1,0 +1,202 @@
+"""The front end's handle on the scheduler process: start it, send it requests, route its outputs.
+
+Outputs are routed to per-HTTP-request ``asyncio.Queue``s as ``(index, event)`` pairs. Sending is
+synchronous and never blocks (unbounded ZeroMQ queue), so aborts can be sent from code that is
+being cancelled (a client that disconnects cancels its response task).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Callable
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from minisgl.config import EngineConfig
+from minisgl.sampling import SamplingParams
+from minisgl.server.protocol import (
+    Abort,
+    Control,
+    ControlReply,
+    FromScheduler,
+    Ready,
+    Rejection,
+    Stats,
+    StepOutput,
+    Submit,
+    Token,
+)
+from minisgl.server.scheduler_process import run_scheduler
+
+logger = logging.getLogger("minisgl.server")
+
+
+class EngineDead(RuntimeError):
+    """The scheduler process is gone; nothing more will come from it."""
+
+
+@dataclass(frozen=True)
+class Accepted:
+    rid: int
+
+
+Event = Accepted | Rejection | Token | EngineDead
+
+
+class EngineClient:
+    def __init__(self, config: EngineConfig, on_death: Callable[[], None], log_level: int = logging.INFO) -> None:
+        self.config, self.on_death, self.log_level = config, on_death, log_level
+        self.ready: Ready | None = None
+        self.stats = Stats()
+        self.dead = False
+        self._rids = itertools.count()
+        self._call_ids = itertools.count()
+        self._routes: dict[int, tuple[asyncio.Queue[tuple[int, Event]], int]] = {}
+        self._calls: dict[int, asyncio.Future[ControlReply]] = {}
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(FromScheduler)
+        self._closing = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> Ready:
+        """Spawn the scheduler process and wait until its model is loaded."""
+        self._dir = tempfile.mkdtemp(prefix="minisgl-")
+        to_addr, from_addr = f"ipc://{self._dir}/to_scheduler", f"ipc://{self._dir}/from_scheduler"
+        self._sync_ctx = zmq.Context()
+        self._out = self._sync_ctx.socket(zmq.PUSH)
+        self._out.setsockopt(zmq.SNDHWM, 0)  # never block the event loop on a send
+        self._out.setsockopt(zmq.LINGER, 0)
+        self._out.bind(to_addr)
+        self._async_ctx = zmq.asyncio.Context()
+        self._in = self._async_ctx.socket(zmq.PULL)
+        self._in.bind(from_addr)
+        # spawn: a fresh interpreter, no forked torch / event-loop state; daemon: killed if we exit.
+        self.process = mp.get_context("spawn").Process(
+            target=run_scheduler,
+            args=(self.config, to_addr, from_addr, os.getpid(), self.log_level),
+            name="minisgl-scheduler",
+            daemon=True,
+        )
+        self.process.start()
+        while self.ready is None:
+            if await self._in.poll(500):
+                msg = self._decoder.decode(await self._in.recv())
+                if isinstance(msg, Ready):
+                    self.ready = msg
+            elif not self.process.is_alive():
+                raise RuntimeError(f"the scheduler process exited with code {self.process.exitcode} while starting")
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self.process.sentinel, self._on_process_exit)
+        self._receiver = loop.create_task(self._receive_loop())
+        return self.ready
+
+    async def close(self) -> None:
+        self._closing = True
+        if hasattr(self, "process"):
+            asyncio.get_running_loop().remove_reader(self.process.sentinel)
+            if self.process.is_alive():
+                self.process.terminate()
+                await asyncio.to_thread(self.process.join, 10)
+                if self.process.is_alive():
+                    self.process.kill()
+                    await asyncio.to_thread(self.process.join, 5)
+        if hasattr(self, "_receiver"):
+            self._receiver.cancel()
+        if hasattr(self, "_sync_ctx"):
+            self._in.close(linger=0)
+            self._out.close(linger=0)
+            self._async_ctx.term()
+            self._sync_ctx.term()
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _on_process_exit(self) -> None:
+        asyncio.get_running_loop().remove_reader(self.process.sentinel)
+        if self._closing:
+            return
+        self.process.join(1)
+        logger.error("the scheduler process died (exit code %s); failing all requests", self.process.exitcode)
+        self.dead = True
+        for queue, index in self._routes.values():
+            queue.put_nowait((index, EngineDead("the engine process died")))
+        self._routes.clear()
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(EngineDead("the engine process died"))
+        self._calls.clear()
+        self.on_death()
+
+    # -- requests ------------------------------------------------------------------------------
+    def new_rid(self) -> int:
+        return next(self._rids)
+
+    def submit(
+        self,
+        rid: int,
+        input_ids: list[int],
+        params: SamplingParams,
+        namespace: str | None,
+        queue: asyncio.Queue[tuple[int, Event]],
+        index: int,
+    ) -> None:
+        """Queue a request; its events arrive on ``queue`` tagged with ``index``."""
+        if self.dead:
+            raise EngineDead("the engine process is not running")
+        self._routes[rid] = (queue, index)
+        self._send(Submit(rid, input_ids, params, namespace))
+
+    def abort(self, rids: list[int]) -> None:
+        """Forget requests and tell the scheduler to free them. Safe to call from cancelled code."""
+        live = [rid for rid in rids if self._routes.pop(rid, None) is not None]
+        if live and not self.dead:
+            self._send(Abort(live))
+
+    async def control(self, op: str) -> ControlReply:
+        if self.dead:
+            raise EngineDead("the engine process is not running")
+        call_id = next(self._call_ids)
+        future: asyncio.Future[ControlReply] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = future
+        self._send(Control(call_id, op))
+        return await future
+
+    def _send(self, msg: Submit | Abort | Control) -> None:
+        self._out.send(self._encoder.encode(msg), copy=False)
+
+    # -- routing -------------------------------------------------------------------------------
+    async def _receive_loop(self) -> None:
+        while True:
+            msg = self._decoder.decode(await self._in.recv())
+            if isinstance(msg, StepOutput):
+                self._route(msg)
+            elif isinstance(msg, Stats):
+                self.stats = msg
+            elif isinstance(msg, ControlReply):
+                future = self._calls.pop(msg.call_id, None)
+                if future is not None and not future.done():
+                    future.set_result(msg)
+
+    def _route(self, out: StepOutput) -> None:
+        # Events for rids no longer routed belong to aborted requests and are dropped.
+        for rid in out.accepted:
+            if rid in self._routes:
+                queue, index = self._routes[rid]
+                queue.put_nowait((index, Accepted(rid)))
+        for rejection in out.rejected:
+            if rejection.rid in self._routes:
+                queue, index = self._routes.pop(rejection.rid)
+                queue.put_nowait((index, rejection))
+        for token in out.tokens:
+            route = self._routes.get(token.rid)
+            if route is not None:
+                route[0].put_nowait((route[1], token))
+                if token.finish_reason is not None:
+                    del self._routes[token.rid]

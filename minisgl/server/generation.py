@@ -1,0 +1,177 @@
+"""One HTTP request's worth of engine requests (``n`` samples of each prompt) and their text.
+
+``start`` submits everything and waits until the scheduler accepted or rejected each sample, so
+a bad request fails with a 400 before any response (streamed or not) begins. ``deltas`` then
+yields text as it becomes final; ``close`` aborts whatever has not finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import AsyncIterator, Awaitable
+
+from transformers import PreTrainedTokenizerBase
+
+from minisgl.sampling import SamplingParams
+from minisgl.server.detokenizer import IncrementalDetokenizer
+from minisgl.server.engine_client import Accepted, EngineClient, EngineDead, Event
+from minisgl.server.errors import ApiError
+from minisgl.server.metrics import ServerMetrics
+from minisgl.server.protocol import Rejection
+
+
+@dataclass
+class Sample:
+    index: int  # choice index: prompt_index * n + i
+    prompt_index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    detok: IncrementalDetokenizer
+    rid: int = -1
+    output_ids: list[int] = field(default_factory=list)
+    cached_tokens: int = 0
+    finish_reason: str | None = None
+    last_token_at: float | None = None
+
+    @property
+    def text(self) -> str:
+        return self.detok.emitted
+
+
+@dataclass(frozen=True)
+class Delta:
+    sample: Sample
+    text: str  # newly final text, possibly empty
+    finish_reason: str | None
+
+
+class Generation:
+    def __init__(
+        self,
+        client: EngineClient,
+        tokenizer: PreTrainedTokenizerBase,
+        metrics: ServerMetrics,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        n: int = 1,
+        namespace: str | None = None,
+    ) -> None:
+        self.client, self.metrics, self.namespace = client, metrics, namespace
+        self.samples = [
+            Sample(p * n + i, p, ids, sp, IncrementalDetokenizer(tokenizer, sp.stop))
+            for p, ids in enumerate(prompts)
+            for i, sp in enumerate(_sample_params(params, n))
+        ]
+        self.arrival = time.monotonic()
+        self._queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        self._early: deque[tuple[int, Event]] = deque()  # tokens that arrived while start() waited
+
+    async def start(self) -> None:
+        try:
+            for s in self.samples:
+                s.rid = self.client.new_rid()
+                self.client.submit(s.rid, s.prompt_ids, s.params, self.namespace, self._queue, s.index)
+            pending = len(self.samples)
+            while pending:
+                index, event = await self._queue.get()
+                if isinstance(event, Accepted):
+                    pending -= 1
+                elif isinstance(event, Rejection):
+                    self.samples[index].finish_reason = "rejected"
+                    raise ApiError(400, event.message, code=_rejection_code(event.message))
+                elif isinstance(event, EngineDead):
+                    raise event
+                else:
+                    self._early.append((index, event))
+        except EngineDead as e:
+            self.close()
+            raise ApiError(503, str(e)) from None
+        except BaseException:
+            self.close()
+            raise
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        """Text deltas of all samples, interleaved as tokens arrive; raises ``EngineDead``."""
+        unfinished = sum(s.finish_reason is None for s in self.samples)
+        while unfinished:
+            index, event = self._early.popleft() if self._early else await self._queue.get()
+            if isinstance(event, EngineDead):
+                raise event
+            if isinstance(event, (Accepted, Rejection)):
+                continue  # start() has consumed the acks
+            sample = self.samples[index]
+            self._record_latency(sample)
+            sample.output_ids.append(event.token_id)
+            sample.cached_tokens = event.cached_tokens
+            text = sample.detok.push(event.token_id)
+            if event.finish_reason is not None:
+                sample.finish_reason = event.finish_reason
+                self.metrics.requests.labels(event.finish_reason).inc()
+                text += sample.detok.finish()
+                unfinished -= 1
+            yield Delta(sample, text, event.finish_reason)
+
+    async def run(self, disconnected: Awaitable[None]) -> bool:
+        """Run every sample to the end; False (and everything aborted) if ``disconnected`` fires first."""
+        async def drain() -> None:
+            async for _ in self.deltas():
+                pass
+
+        work = asyncio.ensure_future(drain())
+        watch = asyncio.ensure_future(disconnected)
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not work.done():
+                work.cancel()
+                self.close()
+        if work.done() and not work.cancelled():
+            work.result()  # re-raises EngineDead
+            return True
+        return False
+
+    def close(self) -> None:
+        """Abort unfinished samples. Synchronous: it runs in cancelled tasks too."""
+        unfinished = [s for s in self.samples if s.finish_reason is None]
+        for s in unfinished:
+            s.finish_reason = "abort"
+            self.metrics.requests.labels("abort").inc()
+        self.client.abort([s.rid for s in unfinished if s.rid >= 0])
+
+    def usage(self) -> dict[str, int]:
+        """OpenAI usage: each prompt counted once; its cached tokens are those every sample reused."""
+        prompt_tokens = cached = 0
+        for p in sorted({s.prompt_index for s in self.samples}):
+            group = [s for s in self.samples if s.prompt_index == p]
+            prompt_tokens += len(group[0].prompt_ids)
+            cached += min(s.cached_tokens for s in group)
+        completion = sum(len(s.output_ids) for s in self.samples)
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+            "cached_tokens": cached,
+        }
+
+    def _record_latency(self, sample: Sample) -> None:
+        now = time.monotonic()
+        if sample.last_token_at is None:
+            self.metrics.ttft.observe(now - self.arrival)
+        else:
+            self.metrics.itl.observe(now - sample.last_token_at)
+        sample.last_token_at = now
+
+
+def _sample_params(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """n copies; seeded requests get seeds seed, seed+1, ... so the samples differ but reproduce."""
+    if params.seed is None:
+        return [params] * n
+    return [replace(params, seed=params.seed + i) for i in range(n)]
+
+
+def _rejection_code(message: str) -> str | None:
+    return "context_length_exceeded" if "context" in message else None

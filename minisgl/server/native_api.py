@@ -1,0 +1,81 @@
+"""``POST /generate``: the native API, shaped like SGLang's (``text`` or ``input_ids`` in,
+``text``, ``output_ids`` and ``meta_info`` out; streamed chunks carry the text so far)."""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from minisgl.sampling import SamplingParams
+from minisgl.server.context import ServerContext, wait_for_disconnect
+from minisgl.server.engine_client import EngineDead
+from minisgl.server.errors import ApiError
+from minisgl.server.generation import Generation, Sample
+from minisgl.server.schemas import GenerateRequest, decode_body
+from minisgl.server.streaming import SSE_DONE, GenerationStream, sse
+
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
+
+
+def native_router(ctx: ServerContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/generate")
+    async def generate(request: Request) -> Response:
+        body = decode_body(await ctx.body(request), GenerateRequest)
+        if (body.text is None) == (body.input_ids is None):
+            raise ApiError(400, "give exactly one of text or input_ids", param="text")
+        if body.text == "":
+            raise ApiError(400, "prompt is empty", param="text")
+        prompt = ctx.tokenizer.encode(body.text) if body.text is not None else list(body.input_ids or [])
+        sp = body.sampling_params
+        params = SamplingParams(
+            max_tokens=sp.max_new_tokens if sp.max_new_tokens is not None else ctx.default_max_tokens([prompt], DEFAULT_MAX_NEW_TOKENS),
+            temperature=sp.temperature,
+            top_k=sp.top_k,
+            top_p=sp.top_p,
+            min_p=sp.min_p,
+            seed=sp.seed,
+            stop=sp.stop or [],
+            stop_token_ids=sp.stop_token_ids or [],
+            ignore_eos=sp.ignore_eos,
+        )
+        gen = ctx.generation([prompt], params, 1, body.cache_salt)
+        await gen.start()
+        if body.stream:
+            return GenerationStream(_stream(gen), gen)
+        try:
+            finished = await gen.run(wait_for_disconnect(request))
+        except EngineDead as e:
+            raise ApiError(503, str(e)) from None
+        if not finished:
+            return Response(status_code=499)
+        return JSONResponse(_result(gen.samples[0]))
+
+    return router
+
+
+def _result(s: Sample) -> dict[str, Any]:
+    return {
+        "text": s.text,
+        "output_ids": s.output_ids,
+        "meta_info": {
+            "id": str(s.rid),
+            "prompt_tokens": len(s.prompt_ids),
+            "completion_tokens": len(s.output_ids),
+            "cached_tokens": s.cached_tokens,
+            "finish_reason": None if s.finish_reason is None else {"type": s.finish_reason},
+        },
+    }
+
+
+async def _stream(gen: Generation) -> AsyncIterator[bytes]:
+    try:
+        async for d in gen.deltas():
+            yield sse(_result(d.sample))
+    except EngineDead as e:
+        yield sse(ApiError(503, str(e)).body())
+        return
+    yield SSE_DONE

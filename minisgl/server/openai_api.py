@@ -1,0 +1,200 @@
+"""``/v1/chat/completions`` and ``/v1/completions`` with OpenAI's semantics (temperature defaults to 1)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from transformers import PreTrainedTokenizerBase
+
+from minisgl.sampling import SamplingParams
+from minisgl.server.context import ServerContext, wait_for_disconnect
+from minisgl.server.engine_client import EngineDead
+from minisgl.server.errors import ApiError
+from minisgl.server.generation import Generation
+from minisgl.server.schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    OpenAISampling,
+    decode_body,
+)
+from minisgl.server.streaming import SSE_DONE, GenerationStream, sse
+
+DEFAULT_MAX_TOKENS = 256  # when the client sets none: up to this many, never past the context
+MAX_N = 4
+MAX_BATCH_PROMPTS = 32
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+def openai_router(ctx: ServerContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = decode_body(await ctx.body(request), ChatCompletionRequest)
+        _check_common(ctx, body)
+        prompts = [chat_prompt_ids(ctx.tokenizer, body.messages)]
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        gen = ctx.generation(prompts, _params(ctx, body, prompts, max_tokens), body.n or 1, body.cache_salt)
+        meta = _Meta("chatcmpl", "chat.completion", ctx.model_name)
+        return await _respond(request, gen, body, meta, _chat_choice, _chat_chunk)
+
+    @router.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = decode_body(await ctx.body(request), CompletionRequest)
+        _check_common(ctx, body)
+        prompts = completion_prompt_ids(ctx.tokenizer, body.prompt)
+        gen = ctx.generation(prompts, _params(ctx, body, prompts, body.max_tokens), body.n or 1, body.cache_salt)
+        meta = _Meta("cmpl", "text_completion", ctx.model_name)
+        return await _respond(request, gen, body, meta, _completion_choice, _completion_chunk)
+
+    return router
+
+
+# -- prompts -----------------------------------------------------------------------------------
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[ChatMessage]) -> list[int]:
+    """Rendered exactly like ``LLM.apply_chat_template`` so greedy results match the offline API."""
+    if not messages:
+        raise ApiError(400, "messages must be a non-empty list", param="messages")
+    conversation = []
+    for i, m in enumerate(messages):
+        if m.role not in _ROLES:
+            raise ApiError(400, f"messages[{i}].role must be one of {sorted(_ROLES)}, got {m.role!r}", param=f"messages[{i}].role")
+        if isinstance(m.content, list):
+            if any(part.type != "text" or part.text is None for part in m.content):
+                raise ApiError(400, "only text content parts are supported", param=f"messages[{i}].content")
+            content = "".join(part.text or "" for part in m.content)
+        else:
+            content = m.content or ""
+        conversation.append({"role": m.role, "content": content})
+    try:
+        text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # the template is user-supplied Jinja: any error is the request's fault
+        raise ApiError(400, f"the chat template rejected the messages: {e}", param="messages") from None
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def completion_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str | list[Any]) -> list[list[int]]:
+    """A string, a list of token ids, or a batch of strings / token-id lists."""
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    elif prompt and all(isinstance(t, int) for t in prompt):
+        return [list(prompt)]
+    shape_error = ApiError(
+        400, "prompt must be a non-empty string, a list of token ids, or a list of either", param="prompt"
+    )
+    if not prompt or not (all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt)):
+        raise shape_error
+    if len(prompt) > MAX_BATCH_PROMPTS:
+        raise ApiError(400, f"at most {MAX_BATCH_PROMPTS} prompts per request, got {len(prompt)}", param="prompt")
+    if any(p == "" for p in prompt):
+        raise ApiError(400, "prompt is empty", param="prompt")
+    return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+
+
+# -- parameters --------------------------------------------------------------------------------
+def _check_common(ctx: ServerContext, body: OpenAISampling) -> None:
+    ctx.check_model(body.model)
+    unsupported = body.unsupported()
+    if unsupported is not None:
+        raise ApiError(400, f"{unsupported} is not supported by this server", param=unsupported)
+    if body.n is not None and not 1 <= body.n <= MAX_N:
+        raise ApiError(400, f"n must be in [1, {MAX_N}], got {body.n}", param="n")
+
+
+def _params(ctx: ServerContext, body: OpenAISampling, prompts: list[list[int]], max_tokens: int | None) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=max_tokens if max_tokens is not None else ctx.default_max_tokens(prompts, DEFAULT_MAX_TOKENS),
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_k=-1 if body.top_k is None else body.top_k,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        min_p=0.0 if body.min_p is None else body.min_p,
+        seed=body.seed,
+        stop=body.stop or [],
+        stop_token_ids=body.stop_token_ids or [],
+        ignore_eos=bool(body.ignore_eos),
+    )
+
+
+# -- responses ---------------------------------------------------------------------------------
+class _Meta:
+    """Fields every response object and chunk of one request repeats."""
+
+    def __init__(self, id_prefix: str, obj: str, model: str) -> None:
+        self.id, self.object, self.model = f"{id_prefix}-{uuid.uuid4().hex}", obj, model
+        self.created = int(time.time())
+
+    def wrap(self, obj: str, **fields: Any) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, **fields}
+
+
+def _usage(gen: Generation) -> dict[str, Any]:
+    u = gen.usage()
+    return {
+        "prompt_tokens": u["prompt_tokens"],
+        "completion_tokens": u["completion_tokens"],
+        "total_tokens": u["total_tokens"],
+        "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]},
+    }
+
+
+def _chat_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    message = {"role": "assistant", "content": text}
+    return {"index": index, "message": message, "finish_reason": finish_reason, "logprobs": None}
+
+
+def _completion_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None}
+
+
+def _chat_chunk(index: int, text: str | None, finish_reason: str | None) -> dict[str, Any]:
+    # text None: the opening chunk that announces the role.
+    delta = {"role": "assistant", "content": ""} if text is None else ({"content": text} if text else {})
+    return {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+
+
+def _completion_chunk(index: int, text: str | None, finish_reason: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None  # completions have no opening chunk
+    return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None}
+
+
+Choice = Callable[[int, str, str | None], dict[str, Any]]
+Chunk = Callable[[int, str | None, str | None], dict[str, Any] | None]
+
+
+async def _respond(request: Request, gen: Generation, body: OpenAISampling, meta: _Meta, choice: Choice, chunk: Chunk) -> Response:
+    await gen.start()
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return GenerationStream(_stream(gen, meta, chunk, include_usage), gen)
+    try:
+        finished = await gen.run(wait_for_disconnect(request))
+    except EngineDead as e:
+        raise ApiError(503, str(e)) from None
+    if not finished:
+        return Response(status_code=499)  # nobody is listening; the samples were aborted
+    choices = [choice(s.index, s.text, s.finish_reason) for s in gen.samples]
+    return JSONResponse(meta.wrap(meta.object, choices=choices, usage=_usage(gen)))
+
+
+async def _stream(gen: Generation, meta: _Meta, chunk: Chunk, include_usage: bool) -> AsyncIterator[bytes]:
+    obj = f"{meta.object}.chunk" if meta.object == "chat.completion" else meta.object
+    for s in gen.samples:
+        opening = chunk(s.index, None, None)
+        if opening is not None:
+            yield sse(meta.wrap(obj, choices=[opening]))
+    try:
+        async for d in gen.deltas():
+            if d.text or d.finish_reason:
+                yield sse(meta.wrap(obj, choices=[chunk(d.sample.index, d.text, d.finish_reason)]))
+    except EngineDead as e:
+        yield sse(ApiError(503, str(e)).body())
+        return
+    if include_usage:
+        yield sse(meta.wrap(obj, choices=[], usage=_usage(gen)))
+    yield SSE_DONE

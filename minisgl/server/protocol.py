@@ -1,0 +1,94 @@
+"""Messages between the HTTP front end and the scheduler process (msgpack over ZeroMQ).
+
+Every message is a tagged ``msgspec.Struct`` so each side decodes exactly the union it expects;
+nothing on the sockets is pickled. Token ids travel, text never does: the front end tokenizes
+and detokenizes so the scheduler loop only runs forward passes.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from minisgl.sampling import SamplingParams
+
+# -- front end -> scheduler -------------------------------------------------------------------
+
+
+class Submit(msgspec.Struct, tag=True):
+    rid: int
+    input_ids: list[int]
+    params: SamplingParams
+    namespace: str | None = None  # cache_salt: prefixes are shared only within one namespace
+
+
+class Abort(msgspec.Struct, tag=True):
+    rids: list[int]
+
+
+class Control(msgspec.Struct, tag=True):
+    """A call answered by one ``ControlReply`` with the same ``call_id``."""
+
+    call_id: int
+    op: str  # "flush_cache" | "debug_kv"
+
+
+ToScheduler = Submit | Abort | Control
+
+# -- scheduler -> front end -------------------------------------------------------------------
+
+
+class Ready(msgspec.Struct, tag=True):
+    """Sent once the model is loaded; the front end validates nothing until it has this."""
+
+    pid: int
+    max_seq_len: int
+    vocab_size: int
+    kv_capacity: int
+    page_size: int
+
+
+class Token(msgspec.Struct, array_like=True):
+    rid: int
+    token_id: int
+    finish_reason: str | None
+    cached_tokens: int  # prompt tokens reused from the prefix cache (known once admitted)
+
+
+class Rejection(msgspec.Struct, array_like=True):
+    rid: int
+    message: str
+
+
+class StepOutput(msgspec.Struct, tag=True):
+    """Everything one loop iteration produced, batched into one message.
+
+    ``accepted``/``rejected`` answer each ``Submit`` (validation happens in the scheduler, which
+    knows the pool), so a streaming response can still fail with a 400 before it starts.
+    """
+
+    accepted: list[int] = []
+    rejected: list[Rejection] = []
+    tokens: list[Token] = []
+
+
+class ControlReply(msgspec.Struct, tag=True):
+    call_id: int
+    ok: bool
+    message: str = ""
+    data: dict[str, int] = {}
+
+
+class Stats(msgspec.Struct, tag=True):
+    """Cumulative counters and current gauges of the scheduler, pushed periodically."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    prefill_tokens: int = 0
+    generated_tokens: int = 0
+    finished_requests: int = 0
+    running: int = 0
+    waiting: int = 0
+    kv: dict[str, int] = {}
+
+
+FromScheduler = Ready | StepOutput | ControlReply | Stats

@@ -1,0 +1,151 @@
+"""Request bodies of the HTTP API, decoded and type-checked by msgspec in one pass.
+
+Unknown fields are ignored (clients send many optional OpenAI fields); fields that would change
+the output in a way this engine cannot honour are accepted only at their no-op values.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TypeVar
+
+import msgspec
+from starlette.requests import Request
+
+from minisgl.server.errors import ApiError
+
+T = TypeVar("T")
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool = False
+
+
+class ContentPart(msgspec.Struct, kw_only=True):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(msgspec.Struct, kw_only=True):
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class OpenAISampling(msgspec.Struct, kw_only=True):
+    """Fields shared by /v1/chat/completions and /v1/completions. ``None`` means "default"."""
+
+    model: str | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    n: int | None = None
+    cache_salt: str | None = None  # prefix-cache namespace: only requests with the same salt share
+    # Accepted only at their no-op values.
+    logprobs: bool | int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    def unsupported(self) -> str | None:
+        """Name of a field set to something this engine does not implement."""
+        if self.logprobs:
+            return "logprobs"
+        if self.presence_penalty:
+            return "presence_penalty"
+        if self.frequency_penalty:
+            return "frequency_penalty"
+        if self.logit_bias:
+            return "logit_bias"
+        return None
+
+
+class ChatCompletionRequest(OpenAISampling, kw_only=True):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None  # the newer name of max_tokens; wins when both are set
+    top_logprobs: int | None = None
+    tools: list[dict[str, object]] | None = None
+
+    def unsupported(self) -> str | None:
+        if self.top_logprobs:
+            return "top_logprobs"
+        if self.tools:
+            return "tools"
+        return super().unsupported()
+
+
+class CompletionRequest(OpenAISampling, kw_only=True):
+    # A string, a list of token ids, or a batch of either; shapes are checked in the handler
+    # (msgspec unions allow a single array type).
+    prompt: str | list[str | int | list[int]]
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def unsupported(self) -> str | None:
+        if self.echo:
+            return "echo"
+        if self.suffix:
+            return "suffix"
+        if self.best_of not in (None, 1):
+            return "best_of"
+        return super().unsupported()
+
+
+class NativeSamplingParams(msgspec.Struct, kw_only=True):
+    """``sampling_params`` of ``/generate`` (SGLang's names)."""
+
+    max_new_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+
+
+class GenerateRequest(msgspec.Struct, kw_only=True):
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: NativeSamplingParams = msgspec.field(default_factory=NativeSamplingParams)
+    stream: bool = False
+    cache_salt: str | None = None
+
+
+_PATH = re.compile(r"at `\$\.?([^`]*)`")
+_MISSING = re.compile(r"missing required field `([^`]*)`")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refusing (413) anything over ``limit`` bytes without buffering all of it."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body is {declared} bytes; the limit is {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def decode_body(body: bytes, schema: type[T]) -> T:
+    """Decode JSON into ``schema``; a malformed or mistyped body is a 400 naming the field."""
+    try:
+        return msgspec.json.decode(body, type=schema)
+    except msgspec.ValidationError as e:
+        message = str(e)
+        where = _PATH.search(message) or _MISSING.search(message)
+        raise ApiError(400, f"invalid request: {message}", param=where.group(1) if where else None) from None
+    except msgspec.DecodeError as e:
+        raise ApiError(400, f"invalid JSON body: {e}") from None

@@ -1,0 +1,60 @@
+"""Shared fixtures: the default model (ours and transformers' reference) loaded once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from minisgl import LLM
+from minisgl.models.gguf import default_model_path
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> Path:
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def hf_smollm(gguf_path: Path) -> PreTrainedModel:
+    """transformers' own GGUF loader: an independent dequantization of the same file."""
+    return AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def smollm() -> Iterator[LLM]:
+    llm = LLM(num_page_override=16384, max_running_req=32)
+    yield llm
+    llm.shutdown()
+
+
+@pytest.fixture
+def fresh_smollm(smollm: LLM) -> Iterator[LLM]:
+    """The shared engine with an empty cache; the test must leave the KV accounting balanced."""
+    smollm.flush_cache()
+    yield smollm
+    assert_idle_balanced(smollm)
+
+
+def assert_idle_balanced(llm: LLM) -> None:
+    llm.scheduler.check_accounting()
+    usage = llm.scheduler.kv_usage()
+    assert usage["in_use"] == 0 and usage["protected"] == 0, usage
+    assert usage["free"] + usage["evictable"] == usage["capacity"], usage
+
+
+@torch.inference_mode()
+def hf_greedy(model: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy tokens for one prompt (no padding), never stopping early."""
+    out = model.generate(
+        torch.tensor([prompt_ids]),
+        attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.int64),
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt_ids) :].tolist()

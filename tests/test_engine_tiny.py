@@ -1,0 +1,59 @@
+"""Tiny random-weight Llama / Qwen2 / Qwen3 folders: the folder loader, chunking and batching."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from conftest import assert_idle_balanced, hf_greedy
+from minisgl import LLM, SamplingParams
+from tiny_models import VOCAB, build_tiny_model
+
+MAX_TOKENS = 12
+GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
+
+
+def random_prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+PROMPTS = random_prompts(0, (1, 5, 17, 40, 3, 64, 100, 9))
+
+
+def test_matches_transformers_batched_single_and_chunked(tiny: Path) -> None:
+    hf = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    reference = [hf_greedy(hf, ids, MAX_TOKENS) for ids in PROMPTS]
+    whole = LLM(str(tiny), num_page_override=2048)
+    assert [o["token_ids"] for o in whole.generate(PROMPTS, GREEDY, use_tqdm=False)] == reference
+    single = [whole.generate([ids], GREEDY, use_tqdm=False)[0]["token_ids"] for ids in PROMPTS]
+    assert single == reference
+    assert_idle_balanced(whole)
+    chunked = LLM(str(tiny), num_page_override=2048, max_prefill_tokens=16, cache_type="naive")
+    assert [o["token_ids"] for o in chunked.generate(PROMPTS, GREEDY, use_tqdm=False)] == reference
+    assert_idle_balanced(chunked)
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_page_sizes_and_small_batches_agree(tiny: Path, page_size: int) -> None:
+    base = LLM(str(tiny), num_page_override=4096 // page_size, cache_type="naive")
+    expected = [o["token_ids"] for o in base.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    llm = LLM(str(tiny), num_page_override=4096 // page_size, page_size=page_size, max_running_req=3, max_prefill_tokens=24)
+    assert [o["token_ids"] for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected
+    assert_idle_balanced(llm)
+
+
+def test_pool_smaller_than_workload_still_completes(tiny: Path) -> None:
+    # Room for about two requests at a time: the rest queue until KV is released.
+    llm = LLM(str(tiny), num_page_override=256, cache_type="radix")
+    expected = [o["token_ids"] for o in LLM(str(tiny), num_page_override=4096).generate(PROMPTS, GREEDY, use_tqdm=False)]
+    assert [o["token_ids"] for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected
+    assert_idle_balanced(llm)

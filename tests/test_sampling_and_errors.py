@@ -1,0 +1,136 @@
+"""Sampling options, stop conditions and input validation on a tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_idle_balanced
+from minisgl import LLM, SamplingParams
+from tiny_models import VOCAB, build_tiny_model
+
+PROMPTS = [[5, 6, 7, 8], [100, 200, 300], [42] * 20]
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
+    folder = build_tiny_model("llama", tmp_path_factory.mktemp("llama"))
+    return LLM(str(folder), num_page_override=1024, max_seq_len_override=256)
+
+
+def tokens(llm: LLM, params: SamplingParams | list[SamplingParams], prompts: list[list[int]] = PROMPTS) -> list[list[int]]:
+    return [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def test_seeded_sampling_is_reproducible_across_batches(llm: LLM) -> None:
+    params = [SamplingParams(max_tokens=16, temperature=1.0, seed=s, ignore_eos=True) for s in (1, 2, 3)]
+    first = tokens(llm, params)
+    assert tokens(llm, params) == first
+    # A seeded request gives the same tokens alone as in a batch.
+    assert tokens(llm, [params[1]], [PROMPTS[1]]) == [first[1]]
+    # Different seeds on the same prompt give different samples (temperature 1 over 512 tokens).
+    same_prompt = tokens(llm, params, [PROMPTS[0]] * 3)
+    assert len({tuple(t) for t in same_prompt}) > 1
+    assert_idle_balanced(llm)
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy(llm: LLM) -> None:
+    greedy = tokens(llm, SamplingParams(max_tokens=10, ignore_eos=True))
+    assert tokens(llm, SamplingParams(max_tokens=10, temperature=1.5, top_k=1, ignore_eos=True)) == greedy
+    assert tokens(llm, SamplingParams(max_tokens=10, temperature=1.0, top_p=1e-6, seed=0, ignore_eos=True)) == greedy
+    assert tokens(llm, SamplingParams(max_tokens=10, temperature=1.0, min_p=1.0, seed=0, ignore_eos=True)) == greedy
+
+
+def test_sampled_tokens_respect_top_k(llm: LLM) -> None:
+    def first_tokens(**kw: float) -> set[int]:
+        params = [SamplingParams(max_tokens=1, temperature=5.0, seed=s, **kw) for s in range(24)]  # type: ignore[arg-type]
+        return {t[0] for t in tokens(llm, params, [PROMPTS[0]] * 24)}
+
+    greedy = tokens(llm, SamplingParams(max_tokens=1), [PROMPTS[0]])[0][0]
+    top2 = first_tokens(top_k=2)
+    assert len(top2) <= 2 and greedy in top2 | {greedy}
+    assert len(first_tokens()) > 2  # without top_k the hot temperature spreads over many tokens
+
+
+def test_stop_strings_cut_the_text(llm: LLM) -> None:
+    [full] = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=12, ignore_eos=True), use_tqdm=False)
+    words = full["text"].split()
+    stop = words[3]
+    [cut] = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=12, ignore_eos=True, stop=[stop]), use_tqdm=False)
+    assert cut["meta"]["finish_reason"] == "stop"
+    assert cut["text"] == full["text"][: full["text"].find(stop)]
+    assert cut["token_ids"] == full["token_ids"][: len(cut["token_ids"])]
+    assert len(cut["token_ids"]) < len(full["token_ids"])
+
+
+def test_stop_token_ids_and_eos(llm: LLM) -> None:
+    [full] = llm.generate([PROMPTS[1]], SamplingParams(max_tokens=12, ignore_eos=True), use_tqdm=False)
+    stop_id = full["token_ids"][4]
+    first = full["token_ids"].index(stop_id)
+    [cut] = llm.generate([PROMPTS[1]], SamplingParams(max_tokens=12, stop_token_ids=[stop_id]), use_tqdm=False)
+    assert cut["token_ids"] == full["token_ids"][: first + 1]
+    assert cut["meta"]["finish_reason"] == "stop"
+    [length] = llm.generate([PROMPTS[1]], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert length["meta"]["finish_reason"] == "length" and len(length["token_ids"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "message"),
+    [
+        ([], SamplingParams(), "prompt is empty"),
+        ("", SamplingParams(), "prompt is empty"),
+        ([1] * 300, SamplingParams(), "context holds 256"),
+        ([1] * 250, SamplingParams(max_tokens=10), "exceeds the context"),
+        ([VOCAB + 5], SamplingParams(), "token ids must be integers"),
+        ([1, 2], SamplingParams(max_tokens=0), "max_tokens"),
+        ([1, 2], SamplingParams(max_tokens=-3), "max_tokens"),
+        ([1, 2], SamplingParams(temperature=-1.0), "temperature"),
+        ([1, 2], SamplingParams(temperature=1e9), "temperature"),
+        ([1, 2], SamplingParams(top_p=0.0), "top_p"),
+        ([1, 2], SamplingParams(top_p=1.5), "top_p"),
+        ([1, 2], SamplingParams(top_k=0), "top_k"),
+        ([1, 2], SamplingParams(min_p=2.0), "min_p"),
+        ([1, 2], SamplingParams(stop=[""]), "stop"),
+        ([1, 2], SamplingParams(stop_token_ids=[-1]), "stop_token_ids"),
+    ],
+)
+def test_bad_input_raises_and_leaves_nothing(llm: LLM, prompt: object, params: SamplingParams, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        llm.generate([[3, 4], prompt], params, use_tqdm=False)  # type: ignore[list-item]
+    assert not llm.scheduler.has_work
+    assert_idle_balanced(llm)
+
+
+def test_request_larger_than_pool_is_refused(tmp_path: Path) -> None:
+    folder = build_tiny_model("llama", tmp_path / "m")
+    small = LLM(str(folder), num_page_override=16)
+    with pytest.raises(ValueError, match="pool holds 16"):
+        small.generate([[3] * 10], SamplingParams(max_tokens=10), use_tqdm=False)
+
+
+def test_bad_model_paths(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        LLM(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="no config.json"):
+        LLM(str(tmp_path))
+    folder = build_tiny_model("llama", tmp_path / "m")
+    config = (folder / "config.json").read_text().replace("LlamaForCausalLM", "MadeUpForCausalLM")
+    (folder / "config.json").write_text(config)
+    with pytest.raises(ValueError, match="unsupported architecture 'MadeUpForCausalLM'"):
+        LLM(str(folder))
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"cache_type": "lru-magic"}, "cache_type"),
+        ({"attention_backend": "magic"}, "attention backend"),
+        ({"dtype": "int3"}, "dtype"),
+        ({"page_size": 0}, "page_size"),
+        ({"schedule_policy": "random"}, "schedule_policy"),
+    ],
+)
+def test_bad_engine_options_fail_before_loading(option: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LLM("/nonexistent/model", **option)  # the option is rejected before the path is looked at
