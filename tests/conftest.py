@@ -48,12 +48,14 @@ def assert_idle_balanced(llm: LLM) -> None:
 
 @torch.inference_mode()
 def hf_greedy(model: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """transformers' greedy tokens for one prompt (no padding), never stopping early."""
+    """transformers' greedy tokens for one prompt (no padding), never stopping early: EOS may be
+    generated but does not end the sequence, like ``ignore_eos`` (``min_new_tokens`` would instead
+    forbid EOS and change the tokens)."""
+    model.generation_config.eos_token_id = None
     out = model.generate(
         torch.tensor([prompt_ids]),
         attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.int64),
         max_new_tokens=max_new_tokens,
-        min_new_tokens=max_new_tokens,
         do_sample=False,
         pad_token_id=0,
     )

@@ -226,6 +226,24 @@ class RadixPrefixCache(PrefixCache):
         for leaf in leaves:
             assert leaf in queued and queued[leaf] <= leaf.timestamp, "leaf missing from the heap"
 
+    def render(self, max_tokens: int = 8) -> str:
+        """The tree as indented text, one node a line: its first tokens, length, locks, timestamp."""
+        lines: list[str] = []
+
+        def visit(node: _Node, depth: int) -> None:
+            for child in sorted(node.children.values(), key=lambda c: int(c.key[0])):
+                head = " ".join(map(str, child.key[:max_tokens].tolist()))
+                more = " ..." if len(child.key) > max_tokens else ""
+                lines.append(
+                    f"{'  ' * depth}[{head}{more}] len={len(child.key)} ref={child.ref_count} t={child.timestamp}"
+                )
+                visit(child, depth + 1)
+
+        for namespace, root in self._roots.items():
+            lines.append(f"root ({'default' if namespace is None else namespace})")
+            visit(root, 1)
+        return "\n".join(lines)
+
     # ---- internals ------------------------------------------------------------------------------
 
     def _walk(self, root: _Node, tokens: np.ndarray) -> tuple[_Node, int]:

@@ -1,0 +1,1 @@
+"""Serving benchmarks: ``python -m benchmarks --help``; see docs/benchmarks/README.md."""

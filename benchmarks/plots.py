@@ -1,0 +1,107 @@
+"""PNG figures from a run's report dictionary (so they can be redrawn from the JSON alone)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _label(run: dict[str, Any]) -> str:
+    return run["system"] if run["mode"] == "offline" else f"{run['system']} (online)"
+
+
+def _grouped(runs: list[dict[str, Any]]) -> tuple[list[str], list[str], dict[tuple[str, str], dict[str, Any]]]:
+    workloads = list(dict.fromkeys(r["workload"] for r in runs))
+    labels = list(dict.fromkeys(_label(r) for r in runs))
+    return workloads, labels, {(r["workload"], _label(r)): r for r in runs}
+
+
+def _bars(ax: Any, workloads: list[str], labels: list[str], value: Any, by: dict[tuple[str, str], dict[str, Any]]) -> float:
+    """One group of bars per workload, one bar per system; returns the bar width."""
+    width = 0.8 / len(labels)
+    x = np.arange(len(workloads))
+    for i, label in enumerate(labels):
+        heights = [value(by[(w, label)]) if (w, label) in by else math.nan for w in workloads]
+        ax.bar(x + i * width - 0.4 + width / 2, heights, width, label=label)
+    ax.set_xticks(x, workloads)
+    return width
+
+
+def throughput(report: dict[str, Any], path: Path) -> None:
+    plt = _pyplot()
+    workloads, labels, by = _grouped(report["runs"])
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    _bars(ax, workloads, labels, lambda r: r["output_tokens_per_s"], by)
+    ax.set_ylabel("output tokens / s")
+    ax.set_title(f"Throughput, {report['config']['output_len']} output tokens per request (higher is better)")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def hit_rate(report: dict[str, Any], path: Path) -> None:
+    """Measured prefix-cache hit rate per system, with the workload's best possible drawn over each bar."""
+    plt = _pyplot()
+    workloads, labels, by = _grouped(report["runs"])
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = _bars(ax, workloads, labels, lambda r: 100 * r["hit_rate"], by)
+    for i, label in enumerate(labels):
+        for j, w in enumerate(workloads):
+            if (w, label) in by:
+                x = j + i * width - 0.4 + width / 2
+                best = 100 * by[(w, label)]["best_hit_rate"]
+                ax.plot([x - width / 2, x + width / 2], [best, best], color="black", linewidth=2)
+    ax.plot([], [], color="black", linewidth=2, label="best possible")
+    ax.set_ylabel("prompt tokens served from cache (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title("Prefix-cache hit rate vs the best an unlimited cache could do")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def ttft(report: dict[str, Any], path: Path) -> bool:
+    """Box plots of time to first token of the online runs; False (no file) when there were none."""
+    online = [r for r in report["runs"] if r["mode"] == "online"]
+    if not online:
+        return False
+    plt = _pyplot()
+    workloads = list(dict.fromkeys(r["workload"] for r in online))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4 * len(workloads), 4), squeeze=False)
+    for ax, w in zip(axes[0], workloads):
+        runs = [r for r in online if r["workload"] == w]
+        ax.boxplot([[1000 * t for t in r["ttft_s"] if t is not None] for r in runs], showfliers=True)
+        ax.set_xticks(range(1, len(runs) + 1), [r["system"] for r in runs], rotation=20)
+        ax.set_title(w)
+        ax.set_ylabel("TTFT (ms)")
+    fig.suptitle("Time to first token, online (lower is better)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def draw_all(report: dict[str, Any], out_dir: Path) -> list[str]:
+    """Writes the figures into ``out_dir``; returns their file names."""
+    throughput(report, out_dir / "throughput.png")
+    hit_rate(report, out_dir / "hit_rate.png")
+    names = ["throughput.png", "hit_rate.png"]
+    if ttft(report, out_dir / "ttft.png"):
+        names.append("ttft.png")
+    else:
+        (out_dir / "ttft.png").unlink(missing_ok=True)  # a stale figure from an earlier run would mislead
+    return names

@@ -1,0 +1,132 @@
+"""Runs every requested system on every workload, one after another on this machine, and writes the results."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from benchmarks import online as online_runner
+from benchmarks.machine import load_average, machine_info
+from benchmarks.metrics import agreement
+from benchmarks.offline import run_offline, warm_up
+from benchmarks.plots import draw_all
+from benchmarks.report import markdown, plain, write_json
+from benchmarks.results import RunResult
+from benchmarks.server import ServerProcess, server_available
+from benchmarks.systems import MINISGL_VARIANTS, SystemOptions, Unavailable, make_system
+from benchmarks.workloads import Sizes, Workload, build
+from minisgl.models.gguf import default_model_path
+from minisgl.models.loader import resolve_model_path
+
+logger = logging.getLogger("benchmarks")
+
+
+def _options(args: argparse.Namespace, workloads: list[Workload]) -> SystemOptions:
+    gguf = default_model_path() if args.model is None else Path(args.model) if args.model.endswith(".gguf") else None
+    return SystemOptions(
+        model=args.model,
+        hf_folder=resolve_model_path(args.model),
+        gguf=gguf,
+        threads=args.threads,
+        dtype=args.dtype,
+        device=args.device,
+        hf_batch_size=args.hf_batch_size,
+        max_seq_len=max(w.max_seq_len() for w in workloads) + 64,  # + the warm-up's few tokens
+    )
+
+
+def _log(run: RunResult) -> None:
+    logger.info(
+        "%-8s %-14s %-13s %7.1f s  %6.2f req/s  %7.1f out tok/s  hit %3.0f%% (best %3.0f%%)",
+        run.mode, run.system, run.workload, run.duration_s, run.throughput()["requests_per_s"],
+        run.throughput()["output_tokens_per_s"], 100 * run.hit_rate, 100 * run.best_hit_rate,
+    )
+
+
+def _run_offline(name: str, opts: SystemOptions, workloads: list[Workload], tokenizer: Any) -> list[RunResult]:
+    logger.info("offline: loading %s", name)
+    system = make_system(name, opts)
+    try:
+        warm_up(system, len(tokenizer))
+        runs = []
+        for w in workloads:
+            runs.append(run_offline(system, w, tokenizer))
+            _log(runs[-1])
+        return runs
+    finally:
+        system.close()
+
+
+def _run_online(name: str, args: argparse.Namespace, workloads: list[Workload], tokenizer: Any) -> list[RunResult]:
+    variant = MINISGL_VARIANTS[name]
+    engine_args = ["--model", args.model] if args.model else []
+    engine_args += ["--dtype", args.dtype, "--device", args.device, "--num-threads", str(args.threads)]
+    engine_args += ["--cache-type", variant["cache_type"], "--schedule-policy", variant["schedule_policy"]]
+    logger.info("online: starting the server for %s", name)
+    description = "minisgl server, " + ", ".join(f"{k}={v}" for k, v in variant.items())
+    with ServerProcess(engine_args) as url:
+        online_runner.warm_up(url, len(tokenizer))
+        runs = []
+        for w in workloads:
+            runs.append(online_runner.run_online(url, name, description, w, tokenizer, args.request_rate, args.max_concurrency, args.seed))
+            _log(runs[-1])
+        return runs
+
+
+def _annotate_agreement(runs: list[RunResult], reference: str) -> None:
+    for run in runs:
+        ref = next((r for r in runs if r.workload == run.workload and r.system == reference and r.mode == "offline"), None)
+        if ref is not None:
+            run.agreement = agreement(run.texts, ref.texts)
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    started, load_start = time.perf_counter(), load_average()
+    sizes = Sizes(**{f.name: getattr(args, f.name) for f in fields(Sizes)})
+    hf_folder = resolve_model_path(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(str(hf_folder))
+    workloads = build(args.workloads, tokenizer, sizes, args.seed, args.token_source)
+    opts = _options(args, workloads)
+    runs: list[RunResult] = []
+    skipped: list[dict[str, str]] = []
+    for name in args.systems:
+        try:
+            runs += _run_offline(name, opts, workloads, tokenizer)
+        except Unavailable as e:
+            logger.warning("skipping %s: %s", name, e)
+            skipped.append({"system": name, "mode": "offline", "reason": str(e)})
+    for name in args.online:
+        if not server_available():
+            skipped.append({"system": name, "mode": "online", "reason": "this checkout has no minisgl/server"})
+            continue
+        runs += _run_online(name, args, workloads, tokenizer)
+    _annotate_agreement(runs, args.reference)
+    return {
+        "command": " ".join(["python -m benchmarks", *argv]),
+        "machine": machine_info(args.threads),
+        "load_average_start": load_start,
+        "load_average_end": load_average(),
+        "duration_s": time.perf_counter() - started,
+        "config": vars(args),
+        "reference": args.reference,
+        "workloads": {w.name: {"requests": w.num_requests, "rounds": len(w.rounds)} for w in workloads},
+        "runs": [r.to_json() for r in runs],
+        "skipped": skipped,
+    }
+
+
+def write(report: dict[str, Any], out_dir: Path) -> None:
+    """JSON, figures and markdown, all from the same JSON-safe dictionary."""
+    report = plain({**report, "config": {k: str(v) if isinstance(v, Path) else v for k, v in report["config"].items()}})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(report, out_dir / "results.json")
+    figures = draw_all(report, out_dir)
+    (out_dir / "results.md").write_text(markdown(report, figures))
+    print(f"wrote {out_dir / 'results.json'}, {out_dir / 'results.md'} and {', '.join(figures)}", file=sys.stderr)

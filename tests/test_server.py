@@ -1,0 +1,413 @@
+"""The HTTP server end to end: a real ``python -m minisgl serve`` process on a free local port.
+
+One server is shared by the module (started once, stopped at the end); the fault tests that kill
+processes start servers of their own. Greedy outputs are compared with the offline ``LLM``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from minisgl import LLM, SamplingParams
+
+API_KEY = "test-key"
+MODEL = "SmolLM2-135M-Instruct"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+# 1024 KV slots: a few requests' worth, so 32 concurrent clients must queue for the pool.
+SERVER_ARGS = ["--num-pages", "1024", "--max-running-req", "32"]
+START_TIMEOUT_S = 300  # two busy cores: model conversion (first run) plus loading can be slow
+REQUEST_TIMEOUT_S = 300
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def get(self, path: str, **kw: Any) -> httpx.Response:
+        return httpx.get(self.url + path, headers=AUTH, timeout=REQUEST_TIMEOUT_S, **kw)
+
+    def post(self, path: str, **kw: Any) -> httpx.Response:
+        kw.setdefault("headers", AUTH)
+        return httpx.post(self.url + path, timeout=REQUEST_TIMEOUT_S, **kw)
+
+    def openai(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=API_KEY, max_retries=0, timeout=REQUEST_TIMEOUT_S)
+
+    def debug_kv(self) -> dict[str, Any]:
+        return self.get("/debug/kv").json()
+
+    def wait_idle(self, timeout: float = REQUEST_TIMEOUT_S) -> dict[str, Any]:
+        """Poll until no request runs or waits (aborts travel asynchronously), then return kv usage."""
+        deadline = time.monotonic() + timeout
+        while True:
+            kv = self.debug_kv()
+            if kv["running"] == 0 and kv["waiting"] == 0:
+                return kv
+            assert time.monotonic() < deadline, f"server did not drain: {kv}"
+            time.sleep(0.2)
+
+    def assert_idle_balanced(self) -> None:
+        kv = self.wait_idle()
+        assert kv["ok"], kv["message"]
+        assert kv["in_use"] == 0 and kv["protected"] == 0, kv
+        assert kv["free"] + kv["evictable"] == kv["capacity"], kv
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    """True unless the process is gone or a zombie (a container's init may never reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _wait_dead(pid: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        assert time.monotonic() < deadline, f"process {pid} is still alive"
+        time.sleep(0.1)
+
+
+def start_server(log_dir: Path, *extra: str) -> Server:
+    port = _free_port()
+    log = log_dir / f"server-{port}.log"
+    cmd = [sys.executable, "-m", "minisgl", "serve", "--port", str(port), "--api-key", API_KEY, *SERVER_ARGS, *extra]
+    with open(log, "wb") as out:  # the child keeps its own handle
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    server = Server(proc, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode} while starting:\n{log.read_text()}")
+        try:
+            if httpx.get(server.url + "/health", timeout=5).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"server did not start in {START_TIMEOUT_S} s:\n{log.read_text()}")
+        time.sleep(0.5)
+
+
+def stop_server(server: Server) -> int:
+    if server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            server.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+            server.proc.wait(10)
+    return server.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tmp_path_factory.mktemp("server"))
+    scheduler_pid = srv.debug_kv()["scheduler_pid"]
+    yield srv
+    assert stop_server(srv) == 0, srv.log.read_text()[-3000:]
+    _wait_dead(scheduler_pid)  # no orphan
+
+
+@pytest.fixture(scope="module")
+def offline(smollm: LLM) -> LLM:
+    return smollm
+
+
+def _chat(content: str, system: str | None = None) -> list[dict[str, str]]:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
+
+
+def _greedy(max_tokens: int, **kw: Any) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)
+
+
+# -- OpenAI endpoints ----------------------------------------------------------------------------
+def test_health_and_models(server: Server) -> None:
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    models = server.openai().models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def test_chat_matches_offline(server: Server, offline: LLM) -> None:
+    messages = _chat("What is the capital of France?")
+    ref = offline.chat([messages], _greedy(24), use_tqdm=False)[0]
+    client = server.openai()
+    out = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)  # type: ignore[arg-type]
+    assert out.choices[0].message.content == ref["text"]
+    assert out.choices[0].finish_reason == ref["meta"]["finish_reason"]
+    assert out.usage is not None
+    assert out.usage.prompt_tokens == ref["meta"]["prompt_tokens"]
+    assert out.usage.completion_tokens == ref["meta"]["completion_tokens"]
+
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_completion_tokens=24, temperature=0,  # type: ignore[arg-type]
+        stream=True, stream_options={"include_usage": True},
+    )  # fmt: skip
+    pieces, finish, usage = [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    assert "".join(pieces) == ref["text"]
+    assert finish == ref["meta"]["finish_reason"]
+    assert usage is not None and usage.completion_tokens == ref["meta"]["completion_tokens"]
+    # The same prompt again: everything but the last prompt token comes from the cache.
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == ref["meta"]["prompt_tokens"] - 1
+
+
+def test_completions_match_offline(server: Server, offline: LLM) -> None:
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    refs = offline.generate(prompts, _greedy(16), use_tqdm=False)
+    client = server.openai()
+    out = client.completions.create(model=MODEL, prompt=prompts, max_tokens=16, temperature=0)
+    assert [c.text for c in sorted(out.choices, key=lambda c: c.index)] == [r["text"] for r in refs]
+    for prompt, ref in zip(prompts, refs):
+        stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0, stream=True)
+        assert "".join(c.choices[0].text for c in stream if c.choices) == ref["text"]
+
+
+def test_repeated_system_prompt_is_cached(server: Server) -> None:
+    system = "You are a terse assistant for a bakery. " * 8
+    client = server.openai()
+    cached = []
+    for question in ("Do you sell bread?", "When do you open?"):
+        out = client.chat.completions.create(
+            model=MODEL, messages=_chat(question, system), max_tokens=4, temperature=0  # type: ignore[arg-type]
+        )
+        assert out.usage is not None and out.usage.prompt_tokens_details is not None
+        cached.append(out.usage.prompt_tokens_details.cached_tokens)
+    assert cached[1] > 60, cached  # the system prompt (~70 tokens) came from the cache
+
+
+def test_stop_string_streamed_equals_offline(server: Server, offline: LLM) -> None:
+    prompt = "List the first ten prime numbers:"
+    full = offline.generate([prompt], _greedy(24), use_tqdm=False)[0]["text"]
+    stop = full.strip().split()[2]  # a word from the middle of the greedy answer
+    ref = offline.generate([prompt], _greedy(24, stop=[stop]), use_tqdm=False)[0]
+    assert ref["meta"]["finish_reason"] == "stop"
+    client = server.openai()
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=stop)
+    assert out.choices[0].text == ref["text"] and out.choices[0].finish_reason == "stop"
+    stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=[stop], stream=True)
+    pieces = [c.choices[0].text for c in stream if c.choices]
+    assert "".join(pieces) == ref["text"]
+    assert stop not in "".join(pieces)
+
+
+def test_n_samples_with_seed(server: Server) -> None:
+    client = server.openai()
+    kw: dict[str, Any] = dict(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=1.0, seed=7, n=2)
+    first, again = client.completions.create(**kw), client.completions.create(**kw)
+    assert len(first.choices) == 2 and {c.index for c in first.choices} == {0, 1}
+    assert [c.text for c in first.choices] == [c.text for c in again.choices]  # seeded: reproducible
+    assert first.usage is not None and first.usage.completion_tokens == 16
+
+
+# -- native API, cache control -----------------------------------------------------------------
+def test_native_generate(server: Server, offline: LLM) -> None:
+    prompt = "The three primary colors are"
+    ref = offline.generate([prompt], _greedy(12), use_tqdm=False)[0]
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": 12, "temperature": 0}}
+    out = server.post("/generate", json=body).json()
+    assert out["text"] == ref["text"] and out["output_ids"] == ref["token_ids"]
+    assert out["meta_info"]["prompt_tokens"] == ref["meta"]["prompt_tokens"]
+    assert out["meta_info"]["finish_reason"] == {"type": ref["meta"]["finish_reason"]}
+
+    with httpx.stream("POST", server.url + "/generate", json={**body, "stream": True}, headers=AUTH, timeout=REQUEST_TIMEOUT_S) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])  # chunks carry the text so far
+    assert last["text"] == ref["text"] and last["output_ids"] == ref["token_ids"]
+
+
+def test_flush_cache(server: Server) -> None:
+    server.wait_idle()
+    assert server.post("/flush_cache").status_code == 200
+    kv = server.debug_kv()
+    assert kv["evictable"] == 0 and kv["free"] == kv["capacity"], kv
+
+
+# -- load and disconnects ----------------------------------------------------------------------
+def test_concurrent_streaming_clients(server: Server, offline: LLM) -> None:
+    system = "You answer in one short sentence."
+    conversations = [_chat(f"Tell me a fact about the number {i}.", system) for i in range(32)]
+    refs = offline.chat(conversations, _greedy(12), use_tqdm=False)
+    client = server.openai()
+    start = threading.Barrier(len(conversations))
+
+    def run(messages: list[dict[str, str]]) -> tuple[str, str | None]:
+        start.wait()
+        stream = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=12, temperature=0, stream=True  # type: ignore[arg-type]
+        )
+        text, finish = "", None
+        for chunk in stream:
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                finish = choice.finish_reason or finish
+        return text, finish
+
+    with ThreadPoolExecutor(len(conversations)) as pool:
+        results = list(pool.map(run, conversations))
+    assert [t for t, _ in results] == [r["text"] for r in refs]
+    assert [f for _, f in results] == [r["meta"]["finish_reason"] for r in refs]
+    server.assert_idle_balanced()
+
+
+def test_disconnected_clients_free_their_pages(server: Server) -> None:
+    def aborted() -> float:
+        families = text_string_to_metric_families(server.get("/metrics").text)
+        return sum(s.value for f in families if f.name == "minisgl_requests" for s in f.samples
+                   if s.name == "minisgl_requests_total" and s.labels["finish_reason"] == "abort")  # fmt: skip
+
+    before = aborted()
+    body = {"model": MODEL, "prompt": "Count slowly:", "max_tokens": 800, "ignore_eos": True, "stream": True}
+
+    def drop_after_a_few_chunks(i: int) -> None:
+        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
+            with http.stream("POST", server.url + "/v1/completions", json={**body, "seed": i}, headers=AUTH) as r:
+                assert r.status_code == 200
+                for n, _ in enumerate(r.iter_lines()):
+                    if n >= 6:
+                        break  # leaving both blocks closes the connection mid-stream
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(drop_after_a_few_chunks, range(4)))
+    # 4 x 800 tokens would take minutes; draining quickly means the aborts freed the requests.
+    server.assert_idle_balanced()
+    assert aborted() - before == 4
+
+
+# -- bad input ---------------------------------------------------------------------------------
+CHAT, COMPLETIONS, GENERATE = "/v1/chat/completions", "/v1/completions", "/generate"
+HI = [{"role": "user", "content": "hi"}]
+BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
+    # (case, endpoint, body (bytes are sent raw), status, part of the message)
+    ("invalid json", CHAT, b'{"messages": [', 400, "invalid JSON"),
+    ("not an object", CHAT, b"[1, 2]", 400, "Expected `object`"),
+    ("missing messages", CHAT, {"model": MODEL}, 400, "missing required field `messages`"),
+    ("empty messages", CHAT, {"messages": []}, 400, "messages must be a non-empty list"),
+    ("messages wrong type", CHAT, {"messages": "hi"}, 400, "Expected `array`, got `str`"),
+    ("bad role", CHAT, {"messages": [{"role": "robot", "content": "x"}]}, 400, "role must be one of"),
+    ("max_tokens wrong type", CHAT, {"messages": HI, "max_tokens": "ten"}, 400, "Expected `int | null`, got `str`"),
+    ("max_tokens zero", CHAT, {"messages": HI, "max_tokens": 0}, 400, "max_tokens must be a positive integer"),
+    ("max_tokens negative", COMPLETIONS, {"prompt": "hi", "max_tokens": -3}, 400, "max_tokens must be a positive integer"),
+    ("max_tokens beyond context", CHAT, {"messages": HI, "max_tokens": 100_000}, 400, "exceeds the context of 8192 tokens"),
+    ("max_tokens beyond pool", CHAT, {"messages": HI, "max_tokens": 2000}, 400, "but the pool holds 1024"),
+    ("prompt beyond context", COMPLETIONS, {"prompt": "hello " * 9000}, 400, "but the context holds 8192"),
+    ("temperature negative", CHAT, {"messages": HI, "temperature": -1}, 400, "temperature must be in [0, 100]"),
+    ("top_p zero", CHAT, {"messages": HI, "top_p": 0}, 400, "top_p must be in (0, 1]"),
+    ("top_p above one", COMPLETIONS, {"prompt": "hi", "top_p": 1.5}, 400, "top_p must be in (0, 1]"),
+    ("empty stop string", COMPLETIONS, {"prompt": "hi", "stop": [""]}, 400, "stop must be non-empty strings"),
+    ("n too large", CHAT, {"messages": HI, "n": 5}, 400, "n must be in [1, 4]"),
+    ("unsupported logprobs", CHAT, {"messages": HI, "logprobs": True}, 400, "logprobs is not supported"),
+    ("unknown model", CHAT, {"model": "gpt-4", "messages": HI}, 404, "The model `gpt-4` does not exist"),
+    ("missing prompt", COMPLETIONS, {"model": MODEL}, 400, "missing required field `prompt`"),
+    ("empty prompt", COMPLETIONS, {"prompt": ""}, 400, "prompt is empty"),
+    ("mixed prompt batch", COMPLETIONS, {"prompt": ["a", [1, 2]]}, 400, "prompt must be a non-empty string"),
+    ("token id out of range", COMPLETIONS, {"prompt": [1, 10**9]}, 400, "prompt token ids must be integers"),
+    ("bad request streamed", CHAT, {"messages": HI, "max_tokens": 0, "stream": True}, 400, "max_tokens must be"),
+    ("text and input_ids", GENERATE, {"text": "a", "input_ids": [1]}, 400, "exactly one of text or input_ids"),
+    ("native bad temperature", GENERATE, {"text": "a", "sampling_params": {"temperature": -2}}, 400, "temperature"),
+    ("oversized body", CHAT, {"messages": [{"role": "user", "content": "x" * (1 << 20)}]}, 413, "limit of 1048576 bytes"),
+]
+
+
+@pytest.mark.parametrize("case,path,body,status,message", BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS])
+def test_bad_request(server: Server, case: str, path: str, body: Any, status: int, message: str) -> None:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = server.post(path, content=raw, headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert message in error["message"], error
+
+
+def test_server_healthy_after_bad_requests(server: Server) -> None:
+    r = server.post(CHAT, json={"model": MODEL, "messages": HI, "max_tokens": 2, "temperature": 0})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+    server.assert_idle_balanced()
+
+
+def test_api_key(server: Server) -> None:
+    assert httpx.get(server.url + "/health").status_code == 200  # open for probes
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+        r = httpx.post(server.url + CHAT, json={"messages": HI}, headers=headers)
+        assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
+        assert httpx.get(server.url + "/v1/models", headers=headers).status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0).models.list()
+
+
+def test_metrics(server: Server) -> None:
+    families = {f.name: f for f in text_string_to_metric_families(server.get("/metrics").text)}
+    for name in ("minisgl_requests", "minisgl_prompt_tokens", "minisgl_cached_tokens", "minisgl_generated_tokens",
+                 "minisgl_cache_hit_rate", "minisgl_running_requests", "minisgl_waiting_requests",
+                 "minisgl_kv_tokens", "minisgl_time_to_first_token_seconds", "minisgl_inter_token_latency_seconds"):  # fmt: skip
+        assert name in families, name
+    kv = {s.labels["state"]: s.value for s in families["minisgl_kv_tokens"].samples}
+    assert set(kv) == {"capacity", "free", "evictable", "protected", "in_use"} and kv["capacity"] == 1024
+    generated = families["minisgl_generated_tokens"].samples[0].value
+    assert generated > 0
+    ttft_count = next(s.value for s in families["minisgl_time_to_first_token_seconds"].samples if s.name.endswith("_count"))
+    assert ttft_count > 0
+
+
+# -- process faults (servers of their own) -----------------------------------------------------
+def test_scheduler_death_gives_503_and_exit(tmp_path: Path) -> None:
+    srv = start_server(tmp_path)
+    try:
+        scheduler_pid = srv.debug_kv()["scheduler_pid"]
+        result: dict[str, httpx.Response] = {}
+        body = {"text": "Count:", "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
+        waiter = threading.Thread(target=lambda: result.setdefault("r", srv.post(GENERATE, json=body)))
+        waiter.start()
+        while srv.debug_kv()["running"] == 0:
+            time.sleep(0.05)
+        os.kill(scheduler_pid, signal.SIGKILL)
+        waiter.join(REQUEST_TIMEOUT_S)
+        assert result["r"].status_code == 503 and "engine" in result["r"].json()["error"]["message"]
+        assert srv.proc.wait(60) == 1
+    finally:
+        stop_server(srv)
+
+
+def test_scheduler_exits_when_front_end_dies(tmp_path: Path) -> None:
+    srv = start_server(tmp_path)
+    try:
+        scheduler_pid = srv.debug_kv()["scheduler_pid"]
+        srv.proc.kill()  # SIGKILL: no chance to clean up
+        srv.proc.wait(30)
+        _wait_dead(scheduler_pid)
+    finally:
+        stop_server(srv)
