@@ -105,7 +105,9 @@ class LLM:
         }
 
     def shutdown(self) -> None:
-        """Abort anything still queued and release the engine's memory."""
-        for req in list(self.scheduler.waiting) + list(self.scheduler.running):
-            self.scheduler.abort(req.rid)
-        del self.scheduler
+        """Abort anything still queued and release the engine's memory. Safe to call twice."""
+        scheduler = self.__dict__.pop("scheduler", None)
+        if scheduler is not None:
+            for req in list(scheduler.waiting) + list(scheduler.running):
+                scheduler.abort(req.rid)
+            scheduler.engine.shutdown()  # tensor parallelism: stops the other ranks

@@ -4,6 +4,7 @@ decode pass over every running request, then retires finished requests at once."
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -36,6 +37,10 @@ class EngineStats:
     prefill_tokens: int = 0  # tokens actually computed in prefill passes
     generated_tokens: int = 0
     finished_requests: int = 0
+    prefill_seconds: float = 0.0  # wall time of prefill forward passes (incl. sampling)
+    decode_seconds: float = 0.0
+    decode_steps: int = 0
+    decode_kv_tokens: int = 0  # KV entries attended over all decode steps (what decode reads)
 
     @property
     def hit_rate(self) -> float:
@@ -112,10 +117,17 @@ class Scheduler:
         batch = self._prefill_batch() or self._decode_batch()
         if batch is None:
             return []
+        start = time.perf_counter()
         next_ids = self.engine.forward(batch).tolist()
+        elapsed = time.perf_counter() - start
         for req, n in zip(batch.reqs, batch.extend_lens):
             req.device_len += n
-        if batch.is_prefill:
+        if not batch.is_prefill:
+            self.stats.decode_seconds += elapsed
+            self.stats.decode_steps += 1
+            self.stats.decode_kv_tokens += sum(r.device_len for r in batch.reqs)
+        else:
+            self.stats.prefill_seconds += elapsed
             self.stats.prefill_tokens += sum(batch.extend_lens)
             for req in batch.reqs:
                 self.cache_manager.commit(req, finished=False)
@@ -180,6 +192,7 @@ class Scheduler:
 
     def check_accounting(self) -> None:
         self.cache_manager.check_accounting(self.running)
+        self.engine.check_ranks()  # tensor parallelism: every rank's pool saw the same writes
 
     def kv_usage(self) -> dict[str, int]:
         evictable, protected = self.cache_manager.cache.size_info

@@ -1,0 +1,113 @@
+"""How close the engine gets to this machine's ceilings, with a profile of where the time goes.
+
+1. Measures the matmul peak and memory bandwidth (``benchmarks.hardware_peak``).
+2. Runs a prefill-heavy workload (distinct long prompts, 1 output token) and a decode-heavy one
+   (short prompts, many output tokens, 32 at a time) for each dtype, and reports achieved prefill
+   FLOP/s and decode bytes/s (weights + KV read per step) as a fraction of the ceilings.
+3. Profiles both workloads (torch.profiler) and prints the top operators.
+4. Greedy agreement of each dtype with the fp32 engine (token-exact with transformers) on a prompt set.
+
+Run: python -m benchmarks.roofline [--dtypes float32 bfloat16] [--out docs/benchmarks/roofline.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from benchmarks.hardware_peak import measure
+from benchmarks.machine import load_average, machine_info
+from minisgl import LLM, SamplingParams
+
+AGREEMENT_PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about the sea.",
+    "def quicksort(arr):",
+    "The three laws of thermodynamics are",
+    "Q: How many legs does a spider have?\nA:",
+    "Once upon a time",
+    "List three uses of copper:",
+    "Translate 'thank you' into Spanish:",
+]
+
+
+def layer_params(llm: LLM) -> int:
+    """Parameters every token multiplies through (all but the embedding and LM head)."""
+    model = llm.scheduler.engine.model
+    return sum(p.numel() for p in model.model.layers.parameters())
+
+
+def run_workload(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> dict[str, float]:
+    llm.flush_cache()
+    llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
+    llm.flush_cache()
+    before = vars(llm.scheduler.stats).copy()
+    llm.generate(prompts, params, use_tqdm=False)
+    after = vars(llm.scheduler.stats)
+    return {k: after[k] - before[k] for k in before}
+
+
+def profile_table(llm: LLM, prompts: list[list[int]], params: SamplingParams, rows: int = 12) -> str:
+    llm.flush_cache()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        llm.generate(prompts, params, use_tqdm=False)
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/roofline.md"))
+    args = parser.parse_args()
+
+    lines = [f"# Roofline\n\nMachine: `{machine_info(torch.get_num_threads())}`\n", f"Load average at start: {load_average()}\n"]
+    peak = measure()
+    lines.append(
+        f"Ceilings: fp32 matmul {peak['fp32_gflops']:.0f} GFLOP/s, bf16 matmul {peak['bf16_gflops']:.0f} GFLOP/s, "
+        f"memory read {peak['read_gbps']:.1f} GB/s\n"
+    )
+    g = torch.Generator().manual_seed(0)
+    lines.append("| dtype | prefill tok/s | prefill GFLOP/s | of matmul peak | decode tok/s (32 running) | decode GB/s | of bandwidth | greedy agreement with fp32 |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    reference: list[list[int]] = []
+    profiles: list[str] = []
+    for dtype in args.dtypes:
+        llm = LLM(dtype=dtype, num_page_override=32768, cache_type="naive", max_running_req=32)
+        vocab, cfg = llm.scheduler.vocab_size, llm.scheduler.engine.model_config
+        prefill_prompts = [torch.randint(100, vocab, (512,), generator=g).tolist() for _ in range(8)]
+        decode_prompts = [torch.randint(100, vocab, (32,), generator=g).tolist() for _ in range(32)]
+        pre = run_workload(llm, prefill_prompts, SamplingParams(max_tokens=1))
+        dec = run_workload(llm, decode_prompts, SamplingParams(max_tokens=64, ignore_eos=True))
+        itemsize = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+        flops = 2 * layer_params(llm) * pre["prefill_tokens"] + 2 * cfg.vocab_size * cfg.hidden_size * len(prefill_prompts)
+        prefill_gflops = flops / pre["prefill_seconds"] / 1e9
+        weight_bytes = (layer_params(llm) + cfg.vocab_size * cfg.hidden_size) * itemsize
+        kv_bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
+        decode_bytes = weight_bytes * dec["decode_steps"] + kv_bytes_per_token * dec["decode_kv_tokens"]
+        decode_gbps = decode_bytes / dec["decode_seconds"] / 1e9
+        decode_tps = dec["decode_steps"] and (dec["generated_tokens"] - len(decode_prompts)) / dec["decode_seconds"]
+        peak_key = "bf16_gflops" if dtype == "bfloat16" else "fp32_gflops"
+        texts = [o["token_ids"] for o in llm.generate(AGREEMENT_PROMPTS, SamplingParams(max_tokens=32), use_tqdm=False)]
+        if not reference:
+            reference = texts
+        agree = sum(a == b for a, b in zip(texts, reference))
+        lines.append(
+            f"| {dtype} | {pre['prefill_tokens'] / pre['prefill_seconds']:.0f} | {prefill_gflops:.0f} | "
+            f"{prefill_gflops / peak[peak_key]:.0%} | {decode_tps:.0f} | {decode_gbps:.1f} | "
+            f"{decode_gbps / peak['read_gbps']:.0%} | {agree}/{len(reference)} |"
+        )
+        profiles.append(f"\n## Profile, {dtype}, prefill-heavy (8 x 512 tokens)\n\n```\n{profile_table(llm, prefill_prompts, SamplingParams(max_tokens=1))}\n```")
+        profiles.append(f"\n## Profile, {dtype}, decode-heavy (32 x 32 tokens -> 64)\n\n```\n{profile_table(llm, decode_prompts, SamplingParams(max_tokens=64, ignore_eos=True))}\n```")
+        llm.shutdown()
+    lines.append(f"\nLoad average at end: {load_average()}\n")
+    text = "\n".join(lines + profiles) + "\n"
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

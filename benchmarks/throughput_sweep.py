@@ -1,0 +1,57 @@
+"""Offline throughput of ``LLM.generate`` for N prompts at a few batch sizes.
+
+Every prompt is distinct (no prefix reuse), so this measures the engine itself: continuous batching,
+prefill and batched decode. For prefix-heavy workloads and peers, see ``python -m benchmarks``.
+
+Run: python -m benchmarks.throughput_sweep [--prompts 32] [--prompt-len 128] [--output-len 32] [--batch-sizes 1 4 16 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from benchmarks.machine import load_average, machine_info
+from minisgl import LLM, SamplingParams
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="model folder or GGUF (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 32])
+    parser.add_argument("--dtype", default="float32")
+    args = parser.parse_args()
+
+    print(machine_info(torch.get_num_threads()))
+    print(f"load average before: {load_average()}")
+    g = torch.Generator().manual_seed(0)
+    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True)
+    pages = args.prompts * (args.prompt_len + args.output_len)
+    print(f"\n{args.prompts} prompts x {args.prompt_len} tokens -> {args.output_len} tokens, {args.dtype}")
+    print(f"{'batch':>5} {'seconds':>8} {'req/s':>7} {'prompt tok/s':>13} {'gen tok/s':>10}")
+    prompts: list[list[int]] = []
+    for batch_size in args.batch_sizes:
+        llm = LLM(args.model, dtype=args.dtype, cache_type="naive", max_running_req=batch_size, num_page_override=pages)
+        if not prompts:
+            vocab = llm.scheduler.vocab_size
+            prompts = [torch.randint(100, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(args.prompts)]
+        llm.generate(prompts[:batch_size], params, use_tqdm=False)  # warm-up at this batch size
+        start = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        n = args.prompts
+        print(
+            f"{batch_size:>5} {seconds:>8.2f} {n / seconds:>7.2f} {n * args.prompt_len / seconds:>13.1f} "
+            f"{n * args.output_len / seconds:>10.1f}"
+        )
+        llm.shutdown()
+    print(f"load average after: {load_average()}")
+
+
+if __name__ == "__main__":
+    main()
