@@ -4,40 +4,24 @@ Builds trees of about 1k, 10k and 100k nodes from requests that branch off earli
 turns and shared system prompts do), then times match_prefix, insert_prefix and a fixed small
 evict on each. Eviction pops LRU leaves from a maintained heap, so its cost should stay flat.
 
-Run: python benchmarks/radix_tree_bench.py
+Run: python -m benchmarks.radix_tree_bench
 """
 
 from __future__ import annotations
 
-import os
-import platform
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-# Run as a plain script from a checkout: make the repo root importable.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from minisgl.kvcache.radix_cache import RadixPrefixCache  # noqa: E402
+from benchmarks.machine import load_average, machine_info
+from minisgl.kvcache.radix_cache import RadixPrefixCache
 
 VOCAB = 32000
 EVICT_TOKENS = 16
 TIMED_OPS = 2000
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 class Workload:
@@ -123,8 +107,8 @@ def bench_long_prompt(length: int = 4000) -> float:
 
 
 def main() -> None:
-    print(f"CPU: {cpu_model()} | cores: {os.cpu_count()} | torch {torch.__version__} "
-          f"(threads {torch.get_num_threads()}) | python {platform.python_version()}")
+    print(machine_info(torch.get_num_threads()))
+    print(f"load average: {load_average()}")
     print(f"timed ops per cell: {TIMED_OPS}; evict frees >= {EVICT_TOKENS} tokens per call; page_size 1\n")
     header = (
         f"{'nodes':>8} {'tokens':>10} {'build s':>8} {'avg hit':>8} {'match us':>9} {'insert us':>10} "

@@ -25,8 +25,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-type", default=d.cache_type, choices=["radix", "naive"], help="prefix cache: radix reuses shared prefixes, naive reuses nothing")
     g.add_argument("--schedule-policy", default=d.schedule_policy, choices=["lpm", "fcfs"], help="lpm: longest cached prefix first; fcfs: arrival order")
     g.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens, help="token budget of one prefill pass; longer prompts are chunked")
-    g.add_argument("--num-threads", type=int, default=None, help="torch threads on CPU (default: all cores)")
+    g.add_argument("--num-threads", type=int, default=None, help="torch threads on CPU, per rank (default: all cores, shared out among the ranks of a node)")
     g.add_argument("--seed", type=int, default=d.seed, help="seed for requests that sample without their own seed")
+    g.add_argument("--tp-size", type=int, default=d.tp_size, help="tensor-parallel ranks (processes), in all nodes")
+    g.add_argument("--nnodes", type=int, default=d.nnodes, help="machines the tensor-parallel ranks span")
+    g.add_argument("--node-rank", type=int, default=d.node_rank, help="this machine's index (0 runs the scheduler)")
+    g.add_argument("--dist-init-addr", default=None, help="host:port of node 0's rendezvous (multi-node)")
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -101,6 +105,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     try:
+        config = config_from_args(args)
+        if config.node_rank > 0:  # another node of a multi-node group: its ranks only
+            from minisgl.distributed.worker import run_node
+
+            run_node(config)
+            return
         args.func(args)
     except ValueError as e:
         parser.exit(2, f"error: {e}\n")

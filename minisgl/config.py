@@ -24,8 +24,12 @@ class EngineConfig:
     schedule_policy: str = "lpm"  # lpm | fcfs
     max_prefill_tokens: int = 2048  # token budget of one prefill batch (longer prompts are chunked)
     attention_backend: str = "torch"
-    num_threads: int | None = None  # torch intra-op threads on CPU; None = all cores
+    num_threads: int | None = None  # torch intra-op threads on CPU (per rank); None = all cores / ranks per node
     seed: int = 0
+    tp_size: int = 1  # tensor-parallel ranks in all (1: no process group at all)
+    nnodes: int = 1  # machines the ranks are spread over (tp_size / nnodes ranks each)
+    node_rank: int = 0  # this machine's index; node 0 runs the scheduler
+    dist_init_addr: str | None = None  # host:port of node 0's rendezvous (required with nnodes > 1)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -45,12 +49,29 @@ class EngineConfig:
             raise ValueError(f"unknown attention backend {self.attention_backend!r}; choose one of {backend_names()}")
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(f"schedule_policy must be lpm or fcfs, got {self.schedule_policy!r}")
+        for name in ("tp_size", "nnodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.tp_size % self.nnodes:
+            raise ValueError(f"tp_size ({self.tp_size}) must be a multiple of nnodes ({self.nnodes})")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in [0, {self.nnodes}), got {self.node_rank}")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("nnodes > 1 needs dist_init_addr (host:port of node 0)")
+        if self.dist_init_addr is not None:
+            host, _, port = self.dist_init_addr.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"dist_init_addr must be host:port, got {self.dist_init_addr!r}")
 
     @property
     def torch_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    @property
+    def tp_per_node(self) -> int:
+        return self.tp_size // self.nnodes
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from conftest import hf_greedy
 from transformers import PreTrainedModel
 
-from conftest import hf_greedy
 from minisgl import LLM, SamplingParams
 
 PROMPTS = [

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_idle_balanced, hf_greedy
+from tiny_models import VOCAB, build_tiny_model
 from transformers import AutoModelForCausalLM
 
-from conftest import assert_idle_balanced, hf_greedy
 from minisgl import LLM, SamplingParams
-from tiny_models import VOCAB, build_tiny_model
 
 MAX_TOKENS = 12
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)

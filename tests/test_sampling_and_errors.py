@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_idle_balanced
-from minisgl import LLM, SamplingParams
 from tiny_models import VOCAB, build_tiny_model
+
+from minisgl import LLM, SamplingParams
 
 PROMPTS = [[5, 6, 7, 8], [100, 200, 300], [42] * 20]
 

@@ -1,18 +1,69 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
+class Reducer(Protocol):
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum ``x`` over the tensor-parallel ranks (in place) and return it."""
+        ...
+
+
+@dataclass(frozen=True)
+class Partition:
+    """The share of a weight one tensor-parallel rank holds (Megatron-style).
+
+    ``column``: rows of the [out, in] weight (output features). A fused weight lists one range per
+    checkpoint part, in row order (QKV: the q, k and v rows of this rank's heads); the output stays
+    sharded, nothing is communicated. ``row``: the input columns ``ranges[0]``; each rank's partial
+    product is summed over the ranks with ``group.all_reduce``, then the bias (not sharded) is added
+    once. The loader slices checkpoint tensors with the same ranges.
+    """
+
+    kind: Literal["column", "row"]
+    ranges: tuple[tuple[int, int], ...]
+    group: Reducer
+
+    @property
+    def size(self) -> int:
+        return sum(end - start for start, end in self.ranges)
+
+
+def column(group: Reducer | None, *ranges: tuple[int, int]) -> Partition | None:
+    """A column partition, or None (the whole weight) without tensor parallelism."""
+    return None if group is None else Partition("column", ranges, group)
+
+
+def row(group: Reducer | None, cols: tuple[int, int]) -> Partition | None:
+    return None if group is None else Partition("row", (cols,), group)
+
+
 class Linear(nn.Module):
     """y = x W^T (+ b). Fused projections (QKV, gate/up) are one ``Linear`` whose rows are the
-    concatenated rows of the separate checkpoint matrices: one matmul instead of three."""
+    concatenated rows of the separate checkpoint matrices: one matmul instead of three.
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+    ``in_features``/``out_features`` are the full model's; with a ``partition`` the parameters
+    hold only this rank's share."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, partition: Partition | None = None) -> None:
         super().__init__()
+        self.partition = partition
+        if partition is not None:
+            if partition.kind == "column":
+                out_features = partition.size
+            else:
+                in_features = partition.size
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        p = self.partition
+        if p is None or p.kind == "column":
+            return F.linear(x, self.weight, self.bias)
+        y = p.group.all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias

@@ -7,17 +7,21 @@ each head of Q and K before RoPE).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
 
+from minisgl.distributed.sharding import HeadShard, even_range, shard_heads
 from minisgl.layers.activation import silu_and_mul
 from minisgl.layers.embedding import VocabEmbedding
-from minisgl.layers.linear import Linear
+from minisgl.layers.linear import Linear, column, row
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding
 from minisgl.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from minisgl.distributed.group import TPGroup
 
 
 class AttentionContext(Protocol):
@@ -29,15 +33,28 @@ class AttentionContext(Protocol):
         ...
 
 
+def local_heads(cfg: ModelConfig, tp: TPGroup | None) -> HeadShard:
+    """The query and KV heads this rank computes: all of them without tensor parallelism."""
+    if tp is None:
+        return HeadShard((0, cfg.num_heads), (0, cfg.num_kv_heads))
+    return shard_heads(cfg.num_heads, cfg.num_kv_heads, tp.size, tp.rank)
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool) -> None:
+    def __init__(
+        self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool, tp: TPGroup | None
+    ) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        heads, d = local_heads(cfg, tp), cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = heads.num_q, heads.num_kv, d
+        q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
         self.split_sizes = [q_size, kv_size, kv_size]
-        self.qkv_proj = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=qkv_bias)
-        self.o_proj = Linear(q_size, cfg.hidden_size)
+        # Column-parallel QKV over this rank's heads, row-parallel output projection.
+        q_rows, kv_rows = (heads.q[0] * d, heads.q[1] * d), (heads.kv[0] * d, heads.kv[1] * d)
+        full_q, full_kv = cfg.num_heads * d, cfg.num_kv_heads * d
+        self.qkv_proj = Linear(cfg.hidden_size, full_q + 2 * full_kv, qkv_bias, column(tp, q_rows, kv_rows, kv_rows))
+        self.o_proj = Linear(full_q, cfg.hidden_size, partition=row(tp, q_rows))
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.rotary = rotary
@@ -54,51 +71,65 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPGroup | None) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+        inter = cfg.intermediate_size
+        part = even_range(inter, tp.size, tp.rank) if tp is not None else (0, inter)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * inter, partition=column(tp, part, part))
+        self.down_proj = Linear(inter, cfg.hidden_size, partition=row(tp, part))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool) -> None:
+    def __init__(
+        self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool, tp: TPGroup | None
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_id, rotary, qkv_bias, qk_norm)
+        self.self_attn = Attention(cfg, layer_id, rotary, qkv_bias, qk_norm, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), positions, ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def vocab_range(cfg: ModelConfig, tp: TPGroup) -> tuple[int, int]:
+    return even_range(cfg.vocab_size, tp.size, tp.rank)
+
+
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_positions: int, qkv_bias: bool, qk_norm: bool) -> None:
+    def __init__(self, cfg: ModelConfig, max_positions: int, qkv_bias: bool, qk_norm: bool, tp: TPGroup | None) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
+        vocab = column(tp, vocab_range(cfg, tp)) if tp is not None else None
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, vocab)
         # One RoPE table shared by every layer; kept out of the parameter list (no weights).
         rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, rotary, qkv_bias, qk_norm) for i in range(cfg.num_layers)
+            DecoderLayer(cfg, i, rotary, qkv_bias, qk_norm, tp) for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class DecoderForCausalLM(nn.Module):
-    """Hidden states for every new token; logits only for the rows that are sampled."""
+    """Hidden states for every new token; logits only for the rows that are sampled.
+
+    With a tensor-parallel group ``tp`` the model holds one rank's shard (Megatron-style): heads and
+    MLP columns split, vocabulary split for the embedding and the LM head, whose logits are gathered
+    on rank 0 (other ranks get their own shard back)."""
 
     qkv_bias: bool = False
     qk_norm: bool = False
 
-    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+    def __init__(self, cfg: ModelConfig, max_positions: int, tp: TPGroup | None = None) -> None:
         super().__init__()
-        self.config = cfg
-        self.model = DecoderModel(cfg, max_positions, self.qkv_bias or cfg.attention_bias, self.qk_norm)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        self.config, self.tp = cfg, tp
+        self.model = DecoderModel(cfg, max_positions, self.qkv_bias or cfg.attention_bias, self.qk_norm, tp)
+        vocab = column(tp, vocab_range(cfg, tp)) if tp is not None else None
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, partition=vocab)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -109,4 +140,5 @@ class DecoderForCausalLM(nn.Module):
         for layer in self.model.layers:
             x = layer(x, positions, ctx)
         # The final norm and LM head are per row: compute them only where a token is sampled.
-        return self.lm_head(self.model.norm(x[logit_rows]))
+        logits = self.lm_head(self.model.norm(x[logit_rows]))
+        return logits if self.tp is None else self.tp.gather_vocab(logits, self.config.vocab_size)
