@@ -14,10 +14,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -157,9 +158,9 @@ def test_health_and_models(server: Server) -> None:
 
 def test_chat_matches_offline(server: Server, offline: LLM) -> None:
     messages = _chat("What is the capital of France?")
-    ref = offline.chat([messages], _greedy(24), use_tqdm=False)[0]
+    ref = offline.chat([messages], _greedy(12), use_tqdm=False)[0]
     client = server.openai()
-    out = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)  # type: ignore[arg-type]
+    out = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
     assert out.choices[0].message.content == ref["text"]
     assert out.choices[0].finish_reason == ref["meta"]["finish_reason"]
     assert out.usage is not None
@@ -167,7 +168,7 @@ def test_chat_matches_offline(server: Server, offline: LLM) -> None:
     assert out.usage.completion_tokens == ref["meta"]["completion_tokens"]
 
     stream = client.chat.completions.create(
-        model=MODEL, messages=messages, max_completion_tokens=24, temperature=0,  # type: ignore[arg-type]
+        model=MODEL, messages=messages, max_completion_tokens=12, temperature=0,
         stream=True, stream_options={"include_usage": True},
     )  # fmt: skip
     pieces, finish, usage = [], None, None
@@ -187,13 +188,12 @@ def test_chat_matches_offline(server: Server, offline: LLM) -> None:
 
 def test_completions_match_offline(server: Server, offline: LLM) -> None:
     prompts = ["The capital of France is", "def fibonacci(n):"]
-    refs = offline.generate(prompts, _greedy(16), use_tqdm=False)
+    refs = offline.generate(prompts, _greedy(8), use_tqdm=False)
     client = server.openai()
-    out = client.completions.create(model=MODEL, prompt=prompts, max_tokens=16, temperature=0)
+    out = client.completions.create(model=MODEL, prompt=prompts, max_tokens=8, temperature=0)
     assert [c.text for c in sorted(out.choices, key=lambda c: c.index)] == [r["text"] for r in refs]
-    for prompt, ref in zip(prompts, refs):
-        stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0, stream=True)
-        assert "".join(c.choices[0].text for c in stream if c.choices) == ref["text"]
+    stream = client.completions.create(model=MODEL, prompt=prompts[1], max_tokens=8, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in stream if c.choices) == refs[1]["text"]
 
 
 def test_repeated_system_prompt_is_cached(server: Server) -> None:
@@ -201,24 +201,31 @@ def test_repeated_system_prompt_is_cached(server: Server) -> None:
     client = server.openai()
     cached = []
     for question in ("Do you sell bread?", "When do you open?"):
-        out = client.chat.completions.create(
-            model=MODEL, messages=_chat(question, system), max_tokens=4, temperature=0  # type: ignore[arg-type]
-        )
+        out = client.chat.completions.create(model=MODEL, messages=_chat(question, system), max_tokens=4, temperature=0)
         assert out.usage is not None and out.usage.prompt_tokens_details is not None
         cached.append(out.usage.prompt_tokens_details.cached_tokens)
     assert cached[1] > 60, cached  # the system prompt (~70 tokens) came from the cache
+    # cache_salt keeps tenants apart: another salt sees none of that cache.
+    out = client.chat.completions.create(
+        model=MODEL, messages=_chat("Do you sell bread?", system), max_tokens=1, temperature=0,
+        extra_body={"cache_salt": "tenant-b"},
+    )  # fmt: skip
+    assert out.usage is not None and out.usage.prompt_tokens_details is not None
+    assert out.usage.prompt_tokens_details.cached_tokens == 0
 
 
 def test_stop_string_streamed_equals_offline(server: Server, offline: LLM) -> None:
     prompt = "List the first ten prime numbers:"
-    full = offline.generate([prompt], _greedy(24), use_tqdm=False)[0]["text"]
+    full = offline.generate([prompt], _greedy(16), use_tqdm=False)[0]["text"]
     stop = full.strip().split()[2]  # a word from the middle of the greedy answer
-    ref = offline.generate([prompt], _greedy(24, stop=[stop]), use_tqdm=False)[0]
+    ref = offline.generate([prompt], _greedy(16, stop=[stop]), use_tqdm=False)[0]
     assert ref["meta"]["finish_reason"] == "stop"
     client = server.openai()
-    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=stop)
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0, stop=stop)
     assert out.choices[0].text == ref["text"] and out.choices[0].finish_reason == "stop"
-    stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=[stop], stream=True)
+    stream = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=16, temperature=0, stop=[stop], stream=True
+    )
     pieces = [c.choices[0].text for c in stream if c.choices]
     assert "".join(pieces) == ref["text"]
     assert stop not in "".join(pieces)
@@ -226,24 +233,33 @@ def test_stop_string_streamed_equals_offline(server: Server, offline: LLM) -> No
 
 def test_n_samples_with_seed(server: Server) -> None:
     client = server.openai()
-    kw: dict[str, Any] = dict(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=1.0, seed=7, n=2)
+    kw: dict[str, Any] = {
+        "model": MODEL,
+        "prompt": "Once upon a time",
+        "max_tokens": 4,
+        "temperature": 1.0,
+        "seed": 7,
+        "n": 2,
+    }
     first, again = client.completions.create(**kw), client.completions.create(**kw)
     assert len(first.choices) == 2 and {c.index for c in first.choices} == {0, 1}
     assert [c.text for c in first.choices] == [c.text for c in again.choices]  # seeded: reproducible
-    assert first.usage is not None and first.usage.completion_tokens == 16
+    assert first.usage is not None and first.usage.completion_tokens == 8
 
 
 # -- native API, cache control -----------------------------------------------------------------
 def test_native_generate(server: Server, offline: LLM) -> None:
     prompt = "The three primary colors are"
-    ref = offline.generate([prompt], _greedy(12), use_tqdm=False)[0]
-    body = {"text": prompt, "sampling_params": {"max_new_tokens": 12, "temperature": 0}}
+    ref = offline.generate([prompt], _greedy(8), use_tqdm=False)[0]
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
     out = server.post("/generate", json=body).json()
     assert out["text"] == ref["text"] and out["output_ids"] == ref["token_ids"]
     assert out["meta_info"]["prompt_tokens"] == ref["meta"]["prompt_tokens"]
     assert out["meta_info"]["finish_reason"] == {"type": ref["meta"]["finish_reason"]}
 
-    with httpx.stream("POST", server.url + "/generate", json={**body, "stream": True}, headers=AUTH, timeout=REQUEST_TIMEOUT_S) as r:
+    with httpx.stream(
+        "POST", server.url + "/generate", json={**body, "stream": True}, headers=AUTH, timeout=REQUEST_TIMEOUT_S
+    ) as r:
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     last = json.loads(events[-2])  # chunks carry the text so far
@@ -259,16 +275,18 @@ def test_flush_cache(server: Server) -> None:
 
 # -- load and disconnects ----------------------------------------------------------------------
 def test_concurrent_streaming_clients(server: Server, offline: LLM) -> None:
-    system = "You answer in one short sentence."
-    conversations = [_chat(f"Tell me a fact about the number {i}.", system) for i in range(32)]
-    refs = offline.chat(conversations, _greedy(12), use_tqdm=False)
+    # Each question differs from its first token on, so ~50 tokens per request are uncached: 32 of
+    # them need more KV than the pool's 1024 slots and must queue for admission.
+    detail = "Answer in one short sentence, without lists, and mention one everyday use of it."
+    conversations = [_chat(f"Number {i}: tell me a fact about the number {i}. {detail}") for i in range(32)]
+    refs = offline.chat(conversations, _greedy(8), use_tqdm=False)
     client = server.openai()
     start = threading.Barrier(len(conversations))
 
     def run(messages: list[dict[str, str]]) -> tuple[str, str | None]:
         start.wait()
         stream = client.chat.completions.create(
-            model=MODEL, messages=messages, max_tokens=12, temperature=0, stream=True  # type: ignore[arg-type]
+            model=MODEL, messages=messages, max_tokens=8, temperature=0, stream=True
         )
         text, finish = "", None
         for chunk in stream:
@@ -294,12 +312,15 @@ def test_disconnected_clients_free_their_pages(server: Server) -> None:
     body = {"model": MODEL, "prompt": "Count slowly:", "max_tokens": 800, "ignore_eos": True, "stream": True}
 
     def drop_after_a_few_chunks(i: int) -> None:
-        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
-            with http.stream("POST", server.url + "/v1/completions", json={**body, "seed": i}, headers=AUTH) as r:
-                assert r.status_code == 200
-                for n, _ in enumerate(r.iter_lines()):
-                    if n >= 6:
-                        break  # leaving both blocks closes the connection mid-stream
+        url = server.url + "/v1/completions"
+        with (
+            httpx.Client(timeout=REQUEST_TIMEOUT_S) as http,
+            http.stream("POST", url, json={**body, "seed": i}, headers=AUTH) as r,
+        ):
+            assert r.status_code == 200
+            for n, _ in enumerate(r.iter_lines()):
+                if n >= 6:
+                    break  # leaving the block closes the connection mid-stream
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(drop_after_a_few_chunks, range(4)))
@@ -321,8 +342,20 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("bad role", CHAT, {"messages": [{"role": "robot", "content": "x"}]}, 400, "role must be one of"),
     ("max_tokens wrong type", CHAT, {"messages": HI, "max_tokens": "ten"}, 400, "Expected `int | null`, got `str`"),
     ("max_tokens zero", CHAT, {"messages": HI, "max_tokens": 0}, 400, "max_tokens must be a positive integer"),
-    ("max_tokens negative", COMPLETIONS, {"prompt": "hi", "max_tokens": -3}, 400, "max_tokens must be a positive integer"),
-    ("max_tokens beyond context", CHAT, {"messages": HI, "max_tokens": 100_000}, 400, "exceeds the context of 8192 tokens"),
+    (
+        "max_tokens negative",
+        COMPLETIONS,
+        {"prompt": "hi", "max_tokens": -3},
+        400,
+        "max_tokens must be a positive integer",
+    ),
+    (
+        "max_tokens beyond context",
+        CHAT,
+        {"messages": HI, "max_tokens": 100_000},
+        400,
+        "exceeds the context of 8192 tokens",
+    ),
     ("max_tokens beyond pool", CHAT, {"messages": HI, "max_tokens": 2000}, 400, "but the pool holds 1024"),
     ("prompt beyond context", COMPLETIONS, {"prompt": "hello " * 9000}, 400, "but the context holds 8192"),
     ("temperature negative", CHAT, {"messages": HI, "temperature": -1}, 400, "temperature must be in [0, 100]"),
@@ -339,7 +372,13 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("bad request streamed", CHAT, {"messages": HI, "max_tokens": 0, "stream": True}, 400, "max_tokens must be"),
     ("text and input_ids", GENERATE, {"text": "a", "input_ids": [1]}, 400, "exactly one of text or input_ids"),
     ("native bad temperature", GENERATE, {"text": "a", "sampling_params": {"temperature": -2}}, 400, "temperature"),
-    ("oversized body", CHAT, {"messages": [{"role": "user", "content": "x" * (1 << 20)}]}, 413, "limit of 1048576 bytes"),
+    (
+        "oversized body",
+        CHAT,
+        {"messages": [{"role": "user", "content": "x" * (1 << 20)}]},
+        413,
+        "limit of 1048576 bytes",
+    ),
 ]
 
 
@@ -379,7 +418,9 @@ def test_metrics(server: Server) -> None:
     assert set(kv) == {"capacity", "free", "evictable", "protected", "in_use"} and kv["capacity"] == 1024
     generated = families["minisgl_generated_tokens"].samples[0].value
     assert generated > 0
-    ttft_count = next(s.value for s in families["minisgl_time_to_first_token_seconds"].samples if s.name.endswith("_count"))
+    ttft_count = next(
+        s.value for s in families["minisgl_time_to_first_token_seconds"].samples if s.name.endswith("_count")
+    )
     assert ttft_count > 0
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -44,7 +45,9 @@ def create_app(ctx: ServerContext, address: str) -> FastAPI:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), ctx.api_key.encode()):
-            raise ApiError(401, "invalid or missing API key: send `Authorization: Bearer <key>`", code="invalid_api_key")
+            raise ApiError(
+                401, "invalid or missing API key: send `Authorization: Bearer <key>`", code="invalid_api_key"
+            )
 
     @app.get("/health")  # open without a key: load balancers and probes must reach it
     async def health() -> Response:
@@ -56,7 +59,13 @@ def create_app(ctx: ServerContext, address: str) -> FastAPI:
 
     @app.get("/v1/models", dependencies=guarded)
     async def models() -> dict[str, Any]:
-        card = {"id": ctx.model_name, "object": "model", "created": 0, "owned_by": "minisgl", "max_model_len": ctx.context_len}
+        card = {
+            "id": ctx.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "minisgl",
+            "max_model_len": ctx.context_len,
+        }
         return {"object": "list", "data": [card]}
 
     @app.get("/metrics", dependencies=guarded)

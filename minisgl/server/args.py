@@ -11,7 +11,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind; 127.0.0.1 accepts local clients only")
     g.add_argument("--port", type=int, default=1919, help="TCP port to listen on")
-    g.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on every endpoint except /health")
+    g.add_argument(
+        "--api-key", default=None, help="require `Authorization: Bearer KEY` on every endpoint except /health"
+    )
     g.add_argument(
         "--served-model-name", default=None,
         help="the model name clients send and /v1/models lists; None means the model's folder or file name",

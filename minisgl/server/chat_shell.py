@@ -9,8 +9,8 @@ from __future__ import annotations
 import itertools
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 from minisgl.llm import LLM
 from minisgl.sampling import SamplingParams

@@ -36,12 +36,15 @@ class ServerContext:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise ApiError(404, f"The model `{model}` does not exist; this server serves `{self.model_name}`",
-                           param="model", code="model_not_found")  # fmt: skip
+            message = f"The model `{model}` does not exist; this server serves `{self.model_name}`"
+            raise ApiError(404, message, param="model", code="model_not_found")
 
     def default_max_tokens(self, prompts: list[list[int]], cap: int) -> int:
-        """Fill the context up to ``cap``; a prompt that leaves no room is rejected later with a clear message."""
-        return max(1, min(cap, self.context_len - max(len(p) for p in prompts)))
+        """Up to ``cap``, as much as both the context and the KV pool leave room for; a prompt that
+        leaves none is rejected by the scheduler with a clear message."""
+        assert self.client.ready is not None
+        room = min(self.context_len, self.client.ready.kv_capacity) - max(len(p) for p in prompts)
+        return max(1, min(cap, room))
 
     def validate(self, params: SamplingParams) -> None:
         """Checks that need no scheduler state, answered at once (the scheduler checks lengths)."""

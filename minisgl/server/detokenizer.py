@@ -8,6 +8,8 @@ Two things are held back until they resolve:
 
 from __future__ import annotations
 
+from typing import cast
+
 from transformers import PreTrainedTokenizerBase
 
 from minisgl.sampling import cut_at_stop
@@ -69,4 +71,4 @@ class IncrementalDetokenizer:
         return longest
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return cast(str, self.tokenizer.decode(ids, skip_special_tokens=True))

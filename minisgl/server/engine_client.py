@@ -14,8 +14,9 @@ import multiprocessing as mp
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from multiprocessing.process import BaseProcess
 
 import msgspec
 import zmq
@@ -65,60 +66,68 @@ class EngineClient:
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(FromScheduler)
         self._closing = False
+        self.process: BaseProcess | None = None  # set by start()
+        self._receiver: asyncio.Task[None] | None = None
+        # Sockets are bound now (ipc files in a private temp dir); the scheduler connects to them.
+        self._dir = tempfile.mkdtemp(prefix="minisgl-")
+        self._to_addr, self._from_addr = f"ipc://{self._dir}/to_scheduler", f"ipc://{self._dir}/from_scheduler"
+        self._sync_ctx = zmq.Context()
+        self._out = self._sync_ctx.socket(zmq.PUSH)
+        self._out.setsockopt(zmq.SNDHWM, 0)  # unbounded: a send never blocks the event loop
+        self._out.bind(self._to_addr)
+        self._async_ctx = zmq.asyncio.Context()
+        self._in = self._async_ctx.socket(zmq.PULL)
+        self._in.bind(self._from_addr)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> Ready:
         """Spawn the scheduler process and wait until its model is loaded."""
-        self._dir = tempfile.mkdtemp(prefix="minisgl-")
-        to_addr, from_addr = f"ipc://{self._dir}/to_scheduler", f"ipc://{self._dir}/from_scheduler"
-        self._sync_ctx = zmq.Context()
-        self._out = self._sync_ctx.socket(zmq.PUSH)
-        self._out.setsockopt(zmq.SNDHWM, 0)  # never block the event loop on a send
-        self._out.setsockopt(zmq.LINGER, 0)
-        self._out.bind(to_addr)
-        self._async_ctx = zmq.asyncio.Context()
-        self._in = self._async_ctx.socket(zmq.PULL)
-        self._in.bind(from_addr)
-        # spawn: a fresh interpreter, no forked torch / event-loop state; daemon: killed if we exit.
+        # spawn: a fresh interpreter, no forked torch or event-loop state; daemon: killed when we exit.
         self.process = mp.get_context("spawn").Process(
             target=run_scheduler,
-            args=(self.config, to_addr, from_addr, os.getpid(), self.log_level),
+            args=(self.config, self._to_addr, self._from_addr, os.getpid(), self.log_level),
             name="minisgl-scheduler",
             daemon=True,
         )
         self.process.start()
-        while self.ready is None:
-            if await self._in.poll(500):
-                msg = self._decoder.decode(await self._in.recv())
-                if isinstance(msg, Ready):
-                    self.ready = msg
-            elif not self.process.is_alive():
-                raise RuntimeError(f"the scheduler process exited with code {self.process.exitcode} while starting")
+        try:
+            self.ready = await self._wait_ready(self.process, self._in)
+        except BaseException:
+            await self.close()
+            raise
         loop = asyncio.get_running_loop()
         loop.add_reader(self.process.sentinel, self._on_process_exit)
         self._receiver = loop.create_task(self._receive_loop())
         return self.ready
 
+    async def _wait_ready(self, process: BaseProcess, inbox: zmq.asyncio.Socket) -> Ready:
+        while True:
+            if await inbox.poll(500):
+                msg = self._decoder.decode(await inbox.recv())
+                if isinstance(msg, Ready):
+                    return msg
+            elif not process.is_alive():
+                raise RuntimeError(f"the scheduler process exited with code {process.exitcode} while starting")
+
     async def close(self) -> None:
+        """Stop the scheduler process and release the sockets; safe to call more than once."""
         self._closing = True
-        if hasattr(self, "process"):
+        if self._receiver is not None:
+            self._receiver.cancel()
+        if self.process is not None:
             asyncio.get_running_loop().remove_reader(self.process.sentinel)
             if self.process.is_alive():
                 self.process.terminate()
                 await asyncio.to_thread(self.process.join, 10)
-                if self.process.is_alive():
-                    self.process.kill()
-                    await asyncio.to_thread(self.process.join, 5)
-        if hasattr(self, "_receiver"):
-            self._receiver.cancel()
-        if hasattr(self, "_sync_ctx"):
-            self._in.close(linger=0)
-            self._out.close(linger=0)
-            self._async_ctx.term()
-            self._sync_ctx.term()
-            shutil.rmtree(self._dir, ignore_errors=True)
+            if self.process.is_alive():
+                self.process.kill()
+                await asyncio.to_thread(self.process.join, 5)
+        self._async_ctx.destroy(linger=0)
+        self._sync_ctx.destroy(linger=0)
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def _on_process_exit(self) -> None:
+        assert self.process is not None
         asyncio.get_running_loop().remove_reader(self.process.sentinel)
         if self._closing:
             return

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field, replace
-from typing import AsyncIterator, Awaitable
 
 from transformers import PreTrainedTokenizerBase
 
@@ -20,7 +20,7 @@ from minisgl.server.detokenizer import IncrementalDetokenizer
 from minisgl.server.engine_client import Accepted, EngineClient, EngineDead, Event
 from minisgl.server.errors import ApiError
 from minisgl.server.metrics import ServerMetrics
-from minisgl.server.protocol import Rejection
+from minisgl.server.protocol import Rejection, Token
 
 
 @dataclass
@@ -100,8 +100,7 @@ class Generation:
             index, event = self._early.popleft() if self._early else await self._queue.get()
             if isinstance(event, EngineDead):
                 raise event
-            if isinstance(event, (Accepted, Rejection)):
-                continue  # start() has consumed the acks
+            assert isinstance(event, Token), event  # start() consumed every accept/reject
             sample = self.samples[index]
             self._record_latency(sample)
             sample.output_ids.append(event.token_id)
@@ -116,6 +115,7 @@ class Generation:
 
     async def run(self, disconnected: Awaitable[None]) -> bool:
         """Run every sample to the end; False (and everything aborted) if ``disconnected`` fires first."""
+
         async def drain() -> None:
             async for _ in self.deltas():
                 pass

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
+import socket
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 from transformers import AutoTokenizer
@@ -28,8 +31,24 @@ def model_name(model: str | None) -> str:
     return path.stem if path.suffix == ".gguf" else path.name
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    return sock
+
+
 def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     """Run until SIGINT/SIGTERM (exit 0) or until the scheduler process dies (exit 1)."""
+    sock = _bind(args.host, args.port)  # before the model loads: a busy port fails in a second, not after it
     # Resolve (and for GGUF, convert) once here, so the scheduler process finds a plain folder.
     path = resolve_model_path(config.model)
     logger.info("model %s -> %s", config.model or DEFAULT_FILE, path)
@@ -40,6 +59,7 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
         server.should_exit = True
 
     level = getattr(logging, args.log_level.upper())
+    logging.getLogger("minisgl").setLevel(level)
     client = EngineClient(config, on_engine_death, level)
     ctx = ServerContext(
         client=client,
@@ -53,13 +73,16 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     server = uvicorn.Server(
         uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     )
+    # uvicorn handles SIGINT/SIGTERM (graceful shutdown), then raises the signal again once done;
+    # both then end here as KeyboardInterrupt, so a requested stop exits 0.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        server.run()
-    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled, after a clean shutdown
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
         pass
     if client.dead:
         logger.error("exiting because the scheduler process died")
         return 1
     if not server.started:
-        return 1  # start-up failed (port in use, model failed to load); uvicorn logged why
+        return 1  # start-up failed (the model did not load); the log says why
     return 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -25,7 +25,9 @@ class _SchedulerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         s = self.stats()
         yield CounterMetricFamily("minisgl_prompt_tokens", "Prompt tokens of admitted requests", value=s.prompt_tokens)
-        yield CounterMetricFamily("minisgl_cached_tokens", "Prompt tokens reused from the prefix cache", value=s.cached_tokens)
+        yield CounterMetricFamily(
+            "minisgl_cached_tokens", "Prompt tokens reused from the prefix cache", value=s.cached_tokens
+        )
         yield CounterMetricFamily("minisgl_prefill_tokens", "Tokens computed in prefill passes", value=s.prefill_tokens)
         yield CounterMetricFamily("minisgl_generated_tokens", "Tokens generated", value=s.generated_tokens)
         hit = s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0
@@ -37,7 +39,9 @@ class _SchedulerCollector(Collector):
             if state in s.kv:
                 kv.add_metric([state], s.kv[state])
         yield kv
-        yield CounterMetricFamily("minisgl_kv_evicted_tokens", "KV slots evicted from the prefix cache", value=s.kv.get("evicted_total", 0))
+        yield CounterMetricFamily(
+            "minisgl_kv_evicted_tokens", "KV slots evicted from the prefix cache", value=s.kv.get("evicted_total", 0)
+        )
 
 
 class ServerMetrics:

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -13,7 +14,7 @@ from minisgl.server.context import ServerContext, wait_for_disconnect
 from minisgl.server.engine_client import EngineDead
 from minisgl.server.errors import ApiError
 from minisgl.server.generation import Generation, Sample
-from minisgl.server.schemas import GenerateRequest, decode_body
+from minisgl.server.schemas import GenerateRequest, decode_body, stop_list
 from minisgl.server.streaming import SSE_DONE, GenerationStream, sse
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
@@ -32,13 +33,15 @@ def native_router(ctx: ServerContext) -> APIRouter:
         prompt = ctx.tokenizer.encode(body.text) if body.text is not None else list(body.input_ids or [])
         sp = body.sampling_params
         params = SamplingParams(
-            max_tokens=sp.max_new_tokens if sp.max_new_tokens is not None else ctx.default_max_tokens([prompt], DEFAULT_MAX_NEW_TOKENS),
+            max_tokens=sp.max_new_tokens
+            if sp.max_new_tokens is not None
+            else ctx.default_max_tokens([prompt], DEFAULT_MAX_NEW_TOKENS),
             temperature=sp.temperature,
             top_k=sp.top_k,
             top_p=sp.top_p,
             min_p=sp.min_p,
             seed=sp.seed,
-            stop=sp.stop or [],
+            stop=stop_list(sp.stop),
             stop_token_ids=sp.stop_token_ids or [],
             ignore_eos=sp.ignore_eos,
         )

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from minisgl.sampling import SamplingParams
@@ -21,6 +23,7 @@ from minisgl.server.schemas import (
     CompletionRequest,
     OpenAISampling,
     decode_body,
+    stop_list,
 )
 from minisgl.server.streaming import SSE_DONE, GenerationStream, sse
 
@@ -63,7 +66,9 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[ChatMessa
     conversation = []
     for i, m in enumerate(messages):
         if m.role not in _ROLES:
-            raise ApiError(400, f"messages[{i}].role must be one of {sorted(_ROLES)}, got {m.role!r}", param=f"messages[{i}].role")
+            raise ApiError(
+                400, f"messages[{i}].role must be one of {sorted(_ROLES)}, got {m.role!r}", param=f"messages[{i}].role"
+            )
         if isinstance(m.content, list):
             if any(part.type != "text" or part.text is None for part in m.content):
                 raise ApiError(400, "only text content parts are supported", param=f"messages[{i}].content")
@@ -73,7 +78,7 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[ChatMessa
         conversation.append({"role": m.role, "content": content})
     try:
         text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-    except Exception as e:  # the template is user-supplied Jinja: any error is the request's fault
+    except (TemplateError, ValueError) as e:  # e.g. a template that rejects this order of roles
         raise ApiError(400, f"the chat template rejected the messages: {e}", param="messages") from None
     return tokenizer.encode(text, add_special_tokens=False)
 
@@ -84,11 +89,9 @@ def completion_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str | list
         prompt = [prompt]
     elif prompt and all(isinstance(t, int) for t in prompt):
         return [list(prompt)]
-    shape_error = ApiError(
-        400, "prompt must be a non-empty string, a list of token ids, or a list of either", param="prompt"
-    )
     if not prompt or not (all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt)):
-        raise shape_error
+        message = "prompt must be a non-empty string, a list of token ids, or a list of either"
+        raise ApiError(400, message, param="prompt")
     if len(prompt) > MAX_BATCH_PROMPTS:
         raise ApiError(400, f"at most {MAX_BATCH_PROMPTS} prompts per request, got {len(prompt)}", param="prompt")
     if any(p == "" for p in prompt):
@@ -106,7 +109,9 @@ def _check_common(ctx: ServerContext, body: OpenAISampling) -> None:
         raise ApiError(400, f"n must be in [1, {MAX_N}], got {body.n}", param="n")
 
 
-def _params(ctx: ServerContext, body: OpenAISampling, prompts: list[list[int]], max_tokens: int | None) -> SamplingParams:
+def _params(
+    ctx: ServerContext, body: OpenAISampling, prompts: list[list[int]], max_tokens: int | None
+) -> SamplingParams:
     return SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else ctx.default_max_tokens(prompts, DEFAULT_MAX_TOKENS),
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -114,7 +119,7 @@ def _params(ctx: ServerContext, body: OpenAISampling, prompts: list[list[int]], 
         top_p=1.0 if body.top_p is None else body.top_p,
         min_p=0.0 if body.min_p is None else body.min_p,
         seed=body.seed,
-        stop=body.stop or [],
+        stop=stop_list(body.stop),
         stop_token_ids=body.stop_token_ids or [],
         ignore_eos=bool(body.ignore_eos),
     )
@@ -167,7 +172,9 @@ Choice = Callable[[int, str, str | None], dict[str, Any]]
 Chunk = Callable[[int, str | None, str | None], dict[str, Any] | None]
 
 
-async def _respond(request: Request, gen: Generation, body: OpenAISampling, meta: _Meta, choice: Choice, chunk: Chunk) -> Response:
+async def _respond(
+    request: Request, gen: Generation, body: OpenAISampling, meta: _Meta, choice: Choice, chunk: Chunk
+) -> Response:
     await gen.start()
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -60,7 +60,7 @@ class Rejection(msgspec.Struct, array_like=True):
 
 
 class StepOutput(msgspec.Struct, tag=True):
-    """Everything one loop iteration produced, batched into one message.
+    """Answers to the submissions drained in one loop iteration, or the tokens of one step (batched).
 
     ``accepted``/``rejected`` answer each ``Submit`` (validation happens in the scheduler, which
     knows the pool), so a streaming response can still fail with a 400 before it starts.

@@ -51,12 +51,15 @@ class SchedulerLoop:
     def run(self) -> None:
         # The parent's death re-parents us (getppid changes); checked every iteration, at worst once per step.
         while os.getppid() == self.parent_pid:
-            out = StepOutput()
-            self._drain(out, block=not self.scheduler.has_work)
+            answers = StepOutput()
+            self._drain(answers, block=not self.scheduler.has_work)
+            if answers.accepted or answers.rejected:
+                # Answered before the forward pass, which can be long: a 400 or a stream start waits for this.
+                self.outbox.send(self.encoder.encode(answers))
             if self.scheduler.has_work:
-                out.tokens = self._step()
-            if out.accepted or out.rejected or out.tokens:
-                self.outbox.send(self.encoder.encode(out))
+                tokens = self._step()
+                if tokens:
+                    self.outbox.send(self.encoder.encode(StepOutput(tokens=tokens)))
             self._maybe_send_stats()
         logger.warning("parent process %d is gone; scheduler exits", self.parent_pid)
 
@@ -150,7 +153,9 @@ def run_scheduler(config: EngineConfig, inbox_addr: str, outbox_addr: str, paren
     outbox.connect(outbox_addr)
     scheduler = Scheduler.from_config(config)
     engine = scheduler.engine
-    ready = Ready(os.getpid(), engine.max_seq_len, scheduler.vocab_size, scheduler.cache_manager.capacity, engine.page_size)
+    ready = Ready(
+        os.getpid(), engine.max_seq_len, scheduler.vocab_size, scheduler.cache_manager.capacity, engine.page_size
+    )
     outbox.send(msgspec.msgpack.encode(ready))
     try:
         SchedulerLoop(scheduler, inbox, outbox, parent_pid).run()

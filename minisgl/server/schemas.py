@@ -121,6 +121,10 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     cache_salt: str | None = None
 
 
+def stop_list(stop: str | list[str] | None) -> list[str]:
+    return [stop] if isinstance(stop, str) else list(stop or [])
+
+
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 _MISSING = re.compile(r"missing required field `([^`]*)`")
 
@@ -129,12 +133,12 @@ async def read_body(request: Request, limit: int) -> bytes:
     """The raw body, refusing (413) anything over ``limit`` bytes without buffering all of it."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"request body is {declared} bytes; the limit is {limit}")
+        raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
+            raise ApiError(413, f"request body of over {size} bytes exceeds the limit of {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 
