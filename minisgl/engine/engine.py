@@ -138,10 +138,10 @@ class Engine:
 
         sup = self.supervisor
         if sup is not None:
-            if self.tp.rank == 0 and sup.failure is None and self.sync is not None:
+            if self.tp.rank == 0 and sup.failure is None and self.sync is not None and self.sync.is_ready:
                 try:
                     sup.check_alive()
-                    self.sync.send_shutdown()
+                    self.sync.send_shutdown(timeout_s=10)
                 except RuntimeError as e:
                     logger.warning("shutting down a broken tensor-parallel group: %s", e)
             if sup.failure is None:

@@ -50,7 +50,9 @@ class Linear(nn.Module):
     ``in_features``/``out_features`` are the full model's; with a ``partition`` the parameters
     hold only this rank's share."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, partition: Partition | None = None) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = False, partition: Partition | None = None
+    ) -> None:
         super().__init__()
         self.partition = partition
         if partition is not None:

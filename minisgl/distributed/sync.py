@@ -1,0 +1,144 @@
+"""The per-step broadcast that makes every rank run rank 0's batch, with tensors only (no pickle).
+
+Each message is a fixed-size int64 header over the control group (ranks 1..N-1 block on it while rank
+0 idles), then for a forward pass one int64 payload over the default group, on the device:
+
+    header   [op, is_prefill, requests R, tokens T, sampled rows L, page-table entries E]
+    payload  input_ids[T] positions[T] out_slots[T] logit_rows[L] rows[R] device_lens[R]
+             extend_lens[R] page-table entries[E]
+
+The entries are ``page_table[row, :device_len + extend_len]`` of every request in the batch, so a
+rank's page table holds rank 0's values for every slot the attention backend reads this step; the
+KV slots themselves (which pages are free, cached, owned) are decided by rank 0 alone. A rank's
+batch carries stand-in requests with just the fields the backend reads (``row``, ``device_len``).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from minisgl.distributed.group import COLLECTIVE_TIMEOUT_S, TPGroup
+from minisgl.engine.batch import Batch
+from minisgl.request import Req
+from minisgl.sampling import SamplingParams
+
+OP_FORWARD, OP_CHECK, OP_SHUTDOWN = 1, 2, 3
+HEADER_LEN = 6
+_STANDIN_PARAMS = SamplingParams()
+REPORT_FIELDS = ("kv_heads", "num_slots", "slots_written", "written_checksum", "steps", "tokens")
+
+
+class BatchSync:
+    def __init__(self, tp: TPGroup, page_table: torch.Tensor, num_slots: int, kv_heads: int) -> None:
+        self.tp, self.page_table, self.device = tp, page_table, page_table.device
+        self.kv_heads = kv_heads
+        # Every KV slot this rank has written: the same set on every rank, or the pools diverged.
+        self.written = torch.zeros(num_slots, dtype=torch.bool, device=self.device)
+        self.steps = self.tokens = 0
+        self.is_ready = False  # every rank loaded and listens for headers
+
+    # -- rank 0 ------------------------------------------------------------------------------------
+    def send_batch(self, batch: Batch) -> None:
+        device_lens = [r.device_len for r in batch.reqs]
+        kv_lens = [d + n for d, n in zip(device_lens, batch.extend_lens)]
+        tokens, sampled = batch.input_ids.numel(), batch.logit_rows.numel()
+        self._send_header(OP_FORWARD, int(batch.is_prefill), len(batch.reqs), tokens, sampled, sum(kv_lens))
+        rows = [r.row for r in batch.reqs]
+        meta = torch.tensor(rows + device_lens + list(batch.extend_lens), dtype=torch.int64, device=self.device)
+        r_idx, c_idx = self._table_index(meta[: len(rows)], torch.tensor(kv_lens, device=self.device))
+        payload = torch.cat(
+            [batch.input_ids, batch.positions, batch.out_slots, batch.logit_rows, meta, self.page_table[r_idx, c_idx]]
+        )
+        dist.broadcast(payload, 0)
+        self._record(batch.out_slots)
+
+    def check(self) -> list[dict[str, int]]:
+        """Every rank's report (see ``REPORT_FIELDS``), rank 0 first."""
+        self._send_header(OP_CHECK)
+        return self._report()
+
+    def send_shutdown(self, timeout_s: float) -> None:
+        self._send_header(OP_SHUTDOWN, timeout_s=timeout_s)
+
+    def ready(self) -> None:
+        """All ranks built their model and pool: a collective every rank reaches once loaded, which
+        also checks that every pool has the same number of slots."""
+        sizes = torch.tensor([self.written.numel(), -self.written.numel()], dtype=torch.int64, device=self.device)
+        dist.all_reduce(sizes, op=dist.ReduceOp.MAX)
+        if int(sizes[0]) != -int(sizes[1]):
+            raise RuntimeError(
+                f"tensor-parallel ranks disagree on the KV pool size ({int(sizes[0])} vs {-int(sizes[1])} slots)"
+            )
+        self.is_ready = True
+
+    # -- ranks 1..N-1 ------------------------------------------------------------------------------
+    def recv(self) -> Batch | None:
+        """The next batch to run; None when rank 0 shuts the group down. Answers checks meanwhile."""
+        while True:
+            header = torch.zeros(HEADER_LEN, dtype=torch.int64)
+            dist.broadcast(header, 0, group=self.tp.control)
+            op, is_prefill, num_reqs, tokens, sampled, entries = header.tolist()
+            if op == OP_SHUTDOWN:
+                return None
+            if op == OP_CHECK:
+                self._report()
+                continue
+            if op != OP_FORWARD:
+                raise RuntimeError(f"unknown tensor-parallel message {op}")
+            payload = torch.empty(3 * tokens + sampled + 3 * num_reqs + entries, dtype=torch.int64, device=self.device)
+            dist.broadcast(payload, 0)
+            input_ids, positions, out_slots, logit_rows, rows, device_lens, extend_lens, table = payload.split(
+                [tokens, tokens, tokens, sampled, num_reqs, num_reqs, num_reqs, entries]
+            )
+            self.page_table[self._table_index(rows, device_lens + extend_lens)] = table
+            reqs = []
+            for row, device_len in zip(rows.tolist(), device_lens.tolist()):
+                req = Req(-1, [], _STANDIN_PARAMS)
+                req.row, req.device_len = row, device_len
+                reqs.append(req)
+            self._record(out_slots)
+            return Batch(reqs, bool(is_prefill), extend_lens.tolist(), input_ids, positions, out_slots, logit_rows, [])
+
+    # -- both --------------------------------------------------------------------------------------
+    def _send_header(self, *fields: int, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
+        """Rank 0: a gloo send completes only once the peer receives, so the wait is bounded here
+        (the control group's own timeout is for the receivers, which may idle for days)."""
+        header = torch.zeros(HEADER_LEN, dtype=torch.int64)
+        header[: len(fields)] = torch.tensor(fields, dtype=torch.int64)
+        work = dist.broadcast(header, 0, group=self.tp.control, async_op=True)
+        try:
+            work.wait(timeout=timedelta(seconds=timeout_s))
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"sending to the tensor-parallel ranks failed (waited up to {timeout_s:g} s): {e}"
+            ) from e
+
+    def _table_index(self, rows: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row, column) of ``page_table[row, :len]`` for every (row, len), concatenated."""
+        starts = torch.cumsum(lens, 0) - lens
+        r_idx = torch.repeat_interleave(rows, lens)
+        c_idx = torch.arange(r_idx.numel(), device=self.device) - torch.repeat_interleave(starts, lens)
+        return r_idx, c_idx
+
+    def _record(self, out_slots: torch.Tensor) -> None:
+        self.written[out_slots] = True
+        self.steps += 1
+        self.tokens += out_slots.numel()
+
+    def _report(self) -> list[dict[str, int]]:
+        slots = torch.nonzero(self.written).flatten()
+        checksum = int((slots * (slots + 7919)).sum()) if slots.numel() else 0
+        mine = torch.tensor(
+            [self.kv_heads, self.written.numel(), slots.numel(), checksum, self.steps, self.tokens],
+            dtype=torch.int64,
+            device=self.device,
+        )
+        if self.tp.rank != 0:
+            dist.gather(mine, None, dst=0)
+            return []
+        parts = [torch.empty_like(mine) for _ in range(self.tp.size)]
+        dist.gather(mine, parts, dst=0)
+        return [dict(zip(REPORT_FIELDS, p.tolist())) for p in parts]
