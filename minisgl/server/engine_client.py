@@ -82,12 +82,13 @@ class EngineClient:
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> Ready:
         """Spawn the scheduler process and wait until its model is loaded."""
-        # spawn: a fresh interpreter, no forked torch or event-loop state; daemon: killed when we exit.
+        # spawn: a fresh interpreter, no forked torch or event-loop state. Not a daemon, because it
+        # starts the tensor-parallel ranks; it exits by itself when this process goes away.
         self.process = mp.get_context("spawn").Process(
             target=run_scheduler,
             args=(self.config, self._to_addr, self._from_addr, os.getpid(), self.log_level),
             name="minisgl-scheduler",
-            daemon=True,
+            daemon=False,
         )
         self.process.start()
         try:
