@@ -1,3 +1,5 @@
+import sys
+
 from benchmarks.cli import main
 
-main()
+sys.exit(main())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from benchmarks.workloads import WORKLOADS, Sizes
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 
 
-def _names(choices: tuple[str, ...]) -> object:
+def _names(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
     def parse(value: str) -> list[str]:
         names = [n for n in value.split(",") if n and n != "none"]
         unknown = [n for n in names if n not in choices]
@@ -28,23 +29,46 @@ def _names(choices: tuple[str, ...]) -> object:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    p.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct GGUF)")
-    p.add_argument("--workloads", type=_names(WORKLOADS), default=list(WORKLOADS), help="comma-separated: " + ",".join(WORKLOADS))
-    p.add_argument("--systems", type=_names(OFFLINE_SYSTEMS), default=list(OFFLINE_SYSTEMS),
-                   help="offline systems, comma-separated ('none' for none): " + ",".join(OFFLINE_SYSTEMS))
+    p.add_argument(
+        "--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct GGUF)"
+    )
+    p.add_argument(
+        "--workloads", type=_names(WORKLOADS), default=list(WORKLOADS), help="comma-separated: " + ",".join(WORKLOADS)
+    )
+    p.add_argument(
+        "--systems",
+        type=_names(OFFLINE_SYSTEMS),
+        default=list(OFFLINE_SYSTEMS),
+        help="offline systems, comma-separated ('none' for none): " + ",".join(OFFLINE_SYSTEMS),
+    )
     online = tuple(MINISGL_VARIANTS)
-    p.add_argument("--online", type=_names(online), default=["minisgl", "minisgl-naive"],
-                   help="minisgl variants to serve and load over HTTP ('none' for none): " + ",".join(online))
+    p.add_argument(
+        "--online",
+        type=_names(online),
+        default=["minisgl", "minisgl-naive"],
+        help="minisgl variants to serve and load over HTTP ('none' for none): " + ",".join(online),
+    )
     p.add_argument("--reference", default="minisgl", help="offline system whose outputs the others are compared with")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for results.json, results.md and the PNGs")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--token-source", choices=["text", "random"], default="text",
-                   help="text: built-in English corpus; random: random ids (for tokenizers without real words)")
-    p.add_argument("--threads", type=int, default=usable_cores(), help="CPU threads for every system (default: usable cores)")
+    p.add_argument(
+        "--token-source",
+        choices=["text", "random"],
+        default="text",
+        help="text: built-in English corpus; random: random ids (for tokenizers without real words)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=usable_cores(), help="CPU threads for every system (default: usable cores)"
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
     p.add_argument("--hf-batch-size", type=int, default=8, help="batch size of the padded transformers peer (hf-batch)")
-    p.add_argument("--request-rate", type=float, default=float("inf"), help="online: Poisson arrivals per second (inf: all at once)")
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="online: Poisson arrivals per second (inf: all at once)",
+    )
     p.add_argument("--max-concurrency", type=int, default=None, help="online: most requests in flight")
     sizes = p.add_argument_group("workload sizes")
     for f in fields(Sizes):
@@ -52,11 +76,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Exit status 1 when a system failed (its error is in the report), else 0."""
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request would drown the progress
     from benchmarks import suite  # heavy (torch, transformers): only once the arguments are valid
 
-    suite.write(suite.run(args, argv), args.out)
+    report = suite.run(args, argv)
+    suite.write(report, args.out)
+    return 1 if any(s.get("failed") for s in report["skipped"]) else 0

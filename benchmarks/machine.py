@@ -38,9 +38,10 @@ def _version(package: str) -> str | None:
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
+            ["git", "describe", "--always", "--dirty"],
             cwd=Path(__file__).resolve().parent,
             capture_output=True,
+            check=False,
             text=True,
             timeout=10,
         )
@@ -71,3 +72,49 @@ def machine_info(threads: int) -> dict[str, Any]:
 def load_average() -> list[float]:
     """1, 5 and 15 minute load averages; above ~0.5 on a 2-core box the timings are suspect."""
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def _tree_cpu_seconds(root: int) -> float:
+    """CPU time of a live process and all its descendants, reaped ones included (Linux /proc)."""
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                # Fields after the parenthesised name: state ppid ... utime(11) stime(12) cutime(13) cstime(14).
+                stats[int(entry.name)] = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # exited while we looked
+    tree, frontier = set(), [root]
+    while frontier:
+        pid = frontier.pop()
+        tree.add(pid)
+        frontier += [child for child, f in stats.items() if int(f[1]) == pid and child not in tree]
+    ticks = sum(int(x) for pid in tree if pid in stats for x in stats[pid][11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class OtherLoad:
+    """CPU time that processes outside this run used while it ran: the load average cannot tell a
+    benchmark's own threads from a neighbour's, this can (Linux only; None elsewhere). ``server``:
+    the pid of a server this run started and is measuring, whose time is the run's own."""
+
+    def __init__(self, server: int | None = None) -> None:
+        self.server = server
+        self._start = self._sample()
+
+    def _sample(self) -> tuple[float, float] | None:
+        try:
+            fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+            server = _tree_cpu_seconds(self.server) if self.server is not None else 0.0
+        except OSError:
+            return None
+        # user nice system idle iowait irq softirq steal: all but idle and iowait are busy time.
+        busy = sum(int(x) for i, x in enumerate(fields[:8]) if i not in (3, 4)) / os.sysconf("SC_CLK_TCK")
+        t = os.times()  # children: processes this run started and has already waited for
+        return busy, t.user + t.system + t.children_user + t.children_system + server
+
+    def core_seconds(self) -> float | None:
+        end = self._sample()
+        if self._start is None or end is None:
+            return None
+        return round(max(0.0, (end[0] - self._start[0]) - (end[1] - self._start[1])), 1)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:
-    """Mean and the percentiles serving benchmarks usually quote; NaN when there is nothing to summarize."""
+    """Mean and the percentiles serving benchmarks usually quote, over the values that exist (not NaN)."""
+    values = [v for v in values if not math.isnan(v)]
     if not values:
         return {k: float("nan") for k in ("mean", "p50", "p90", "p99")}
     a = np.asarray(values, dtype=float)

@@ -51,5 +51,5 @@ def run_offline(system: OfflineSystem, workload: Workload, tokenizer: PreTrained
         cached_tokens=cached,
         best_cached_tokens=best,
         duration_s=duration,
-        texts=[tokenizer.decode(o, skip_special_tokens=True) for _, o in sent],
+        texts=[str(tokenizer.decode(o, skip_special_tokens=True)) for _, o in sent],
     )

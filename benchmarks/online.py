@@ -91,7 +91,12 @@ async def complete(client: httpx.AsyncClient, url: str, prompt: list[int], outpu
 
 
 async def _play(
-    url: str, workload: Workload, tokenizer: PreTrainedTokenizerBase, rate: float, max_concurrency: int | None, seed: int
+    url: str,
+    workload: Workload,
+    tokenizer: PreTrainedTokenizerBase,
+    rate: float,
+    max_concurrency: int | None,
+    seed: int,
 ) -> tuple[list[tuple[list[int], list[int], Timing]], float]:
     rng = random.Random(seed)
     gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
@@ -162,7 +167,9 @@ def run_online(
     timings = [t for _, _, t in records]
     for t in timings:
         if t.completion_tokens != workload.output_len:
-            raise RuntimeError(f"server returned {t.completion_tokens} tokens, expected {workload.output_len} (ignore_eos)")
+            raise RuntimeError(
+                f"server returned {t.completion_tokens} tokens, expected {workload.output_len} (ignore_eos)"
+            )
     prompt_tokens = sum(t.prompt_tokens for t in timings)
     best, _ = reusable_tokens((p, o) for p, o, _ in records)
     return RunResult(
@@ -180,7 +187,7 @@ def run_online(
         latency={
             "ttft_s": summarize([t.ttft for t in timings]),
             "itl_s": summarize([x for t in timings for x in t.itls]),
-            "tpot_s": summarize([t.tpot for t in timings if not math.isnan(t.tpot)]),
+            "tpot_s": summarize([t.tpot for t in timings]),
             "e2e_s": summarize([t.end - t.start for t in timings]),
         },
         ttft_s=[t.ttft for t in timings],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,20 @@ def _grouped(runs: list[dict[str, Any]]) -> tuple[list[str], list[str], dict[tup
     return workloads, labels, {(r["workload"], _label(r)): r for r in runs}
 
 
-def _bars(ax: Any, workloads: list[str], labels: list[str], value: Any, by: dict[tuple[str, str], dict[str, Any]]) -> float:
+def _bars(
+    ax: Any,
+    workloads: list[str],
+    labels: list[str],
+    value: Callable[[dict[str, Any]], float],
+    by: dict[tuple[str, str], dict[str, Any]],
+) -> float:
     """One group of bars per workload, one bar per system; returns the bar width."""
     width = 0.8 / len(labels)
     x = np.arange(len(workloads))
     for i, label in enumerate(labels):
         heights = [value(by[(w, label)]) if (w, label) in by else math.nan for w in workloads]
-        ax.bar(x + i * width - 0.4 + width / 2, heights, width, label=label)
+        bars = ax.bar(x + i * width - 0.4 + width / 2, heights, width, label=label)
+        ax.bar_label(bars, fmt="%.0f", fontsize=6)  # a 0 bar is otherwise invisible
     ax.set_xticks(x, workloads)
     return width
 
@@ -42,12 +50,11 @@ def _bars(ax: Any, workloads: list[str], labels: list[str], value: Any, by: dict
 def throughput(report: dict[str, Any], path: Path) -> None:
     plt = _pyplot()
     workloads, labels, by = _grouped(report["runs"])
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig, ax = plt.subplots(figsize=(11, 4.5), layout="constrained")
     _bars(ax, workloads, labels, lambda r: r["output_tokens_per_s"], by)
     ax.set_ylabel("output tokens / s")
     ax.set_title(f"Throughput, {report['config']['output_len']} output tokens per request (higher is better)")
-    ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
+    fig.legend(loc="outside right upper", fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -56,7 +63,7 @@ def hit_rate(report: dict[str, Any], path: Path) -> None:
     """Measured prefix-cache hit rate per system, with the workload's best possible drawn over each bar."""
     plt = _pyplot()
     workloads, labels, by = _grouped(report["runs"])
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig, ax = plt.subplots(figsize=(11, 4.5), layout="constrained")
     width = _bars(ax, workloads, labels, lambda r: 100 * r["hit_rate"], by)
     for i, label in enumerate(labels):
         for j, w in enumerate(workloads):
@@ -68,8 +75,7 @@ def hit_rate(report: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("prompt tokens served from cache (%)")
     ax.set_ylim(0, 100)
     ax.set_title("Prefix-cache hit rate vs the best an unlimited cache could do")
-    ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
+    fig.legend(loc="outside right upper", fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -81,15 +87,15 @@ def ttft(report: dict[str, Any], path: Path) -> bool:
         return False
     plt = _pyplot()
     workloads = list(dict.fromkeys(r["workload"] for r in online))
-    fig, axes = plt.subplots(1, len(workloads), figsize=(4 * len(workloads), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4 * len(workloads), 4), squeeze=False, layout="constrained")
     for ax, w in zip(axes[0], workloads):
         runs = [r for r in online if r["workload"] == w]
         ax.boxplot([[1000 * t for t in r["ttft_s"] if t is not None] for r in runs], showfliers=True)
         ax.set_xticks(range(1, len(runs) + 1), [r["system"] for r in runs], rotation=20)
         ax.set_title(w)
         ax.set_ylabel("TTFT (ms)")
+        ax.set_ylim(bottom=0)
     fig.suptitle("Time to first token, online (lower is better)")
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True

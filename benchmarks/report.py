@@ -35,6 +35,13 @@ def _ms(summary: dict[str, float], key: str) -> str:
     return _num(None if summary[key] is None else 1000 * summary[key], 0)
 
 
+def _others(run: dict[str, Any], cores: int | None) -> str:
+    """Share of the machine other processes used during this row's run."""
+    if run["others_cpu_s"] is None:
+        return "–"
+    return _pct(run["others_cpu_s"] / (run["duration_s"] * (cores or 1)))
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return lines + ["| " + " | ".join(r) + " |" for r in rows]
@@ -42,17 +49,43 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def markdown(report: dict[str, Any], figures: list[str]) -> str:
     m = report["machine"]
+    machine = (
+        f"{m['cpu']}, {m['usable_cores']} usable cores, {m['threads']} threads, GPU: {m['gpu'] or 'none'}; "
+        f"torch {m['torch']}, transformers {m['transformers']}, "
+        f"llama-cpp-python {m['llama_cpp_python'] or 'not installed'}; commit {m['git_commit']}"
+    )
+    load = f"at start {report['load_average_start']}, at end {report['load_average_end']}"
+    other = report["other_processes_core_seconds"]
+    if other is not None:
+        share = other / (report["duration_s"] * (m["cores"] or 1))
+        load += f"; other processes used {other:.0f} core-seconds during the run ({100 * share:.0f}% of the machine)"
+    method = (
+        f"greedy decoding, {report['config']['output_len']} output tokens per request everywhere (end of sequence "
+        "ignored); every system warmed up and its cache emptied before each workload"
+    )
+    hit = (
+        "*hit rate*: prompt tokens served from a prefix cache / all prompt tokens; *best possible*: the same for an "
+        "unlimited cache that reuses every earlier prompt and answer, computed from the token ids actually sent"
+    )
+    agree = (
+        f"*identical*: share of completions equal to `{report['reference']}` (offline) on the same workload; "
+        "*prefix agreement*: mean share of characters before the first difference"
+    )
+    others = (
+        "*others' CPU*: share of the machine that other processes used during that row's run; "
+        "a row with more than a few percent was measured on a busy machine"
+    )
     lines = [
         "# minisgl benchmark results",
         "",
         f"- Command: `{report['command']}`",
-        f"- Machine: {m['cpu']}, {m['usable_cores']} usable cores, {m['threads']} threads, "
-        f"GPU: {m['gpu'] or 'none'}; torch {m['torch']}, transformers {m['transformers']}, "
-        f"llama-cpp-python {m['llama_cpp_python'] or 'not installed'}; commit {m['git_commit']}",
+        f"- Machine: {machine}",
         f"- When: {m['time']}; took {report['duration_s'] / 60:.1f} min",
-        f"- Load average (1/5/15 min) at start {report['load_average_start']}, at end {report['load_average_end']}: "
-        "timings are only meaningful when the machine was otherwise idle.",
-        f"- Reference for agreement: `{report['reference']}` (offline); greedy decoding, {report['config']['output_len']} output tokens per request everywhere.",
+        f"- Load average (1/5/15 min) {load}. Timings are only meaningful when the machine was otherwise idle.",
+        f"- Method: {method}.",
+        f"- {hit}.",
+        f"- {agree}.",
+        f"- {others}.",
         "",
     ]
     runs = report["runs"]
@@ -60,35 +93,82 @@ def markdown(report: dict[str, Any], figures: list[str]) -> str:
     offline = [r for r in runs if r["mode"] == "offline"]
     if offline:
         lines += ["## Offline (whole workload submitted at once; multi-turn: one batch per round)", ""]
-        header = ["workload", "system", "time (s)", "req/s", "output tok/s", "total tok/s", "hit rate", "best possible", "identical", "prefix agreement"]
+        header = [
+            "workload",
+            "system",
+            "time (s)",
+            "req/s",
+            "output tok/s",
+            "total tok/s",
+            "hit rate",
+            "best possible",
+            "identical",
+            "prefix agreement",
+            "others' CPU",
+        ]
         rows = [
             [
-                r["workload"], r["system"], _num(r["duration_s"]), _num(r["requests_per_s"], 2),
-                _num(r["output_tokens_per_s"]), _num(r["total_tokens_per_s"]), _pct(r["hit_rate"]),
-                _pct(r["best_hit_rate"]), _pct(r["agreement"].get("identical")), _pct(r["agreement"].get("prefix")),
+                r["workload"],
+                r["system"],
+                _num(r["duration_s"]),
+                _num(r["requests_per_s"], 2),
+                _num(r["output_tokens_per_s"]),
+                _num(r["total_tokens_per_s"]),
+                _pct(r["hit_rate"]),
+                _pct(r["best_hit_rate"]),
+                _pct(r["agreement"].get("identical")),
+                _pct(r["agreement"].get("prefix")),
+                _others(r, m["cores"]),
             ]
-            for w in workloads for r in offline if r["workload"] == w
+            for w in workloads
+            for r in offline
+            if r["workload"] == w
         ]
         lines += _table(header, rows) + [""]
     online = [r for r in runs if r["mode"] == "online"]
     if online:
-        lines += [f"## Online (OpenAI streaming API; {online[0]['description'].split('; ')[-1]})", ""]
-        header = ["workload", "system", "req/s", "output tok/s", "TTFT mean / p50 / p99 (ms)", "ITL mean / p99 (ms)",
-                  "TPOT mean (ms)", "E2E mean / p99 (ms)", "hit rate", "best possible", "identical"]
+        c = report["config"]
+        load = f"Poisson rate {c['request_rate']}/s, max concurrency {c['max_concurrency'] or 'none'}"
+        lines += [f"## Online (OpenAI streaming API; {load})", ""]
+        header = [
+            "workload",
+            "system",
+            "req/s",
+            "output tok/s",
+            "TTFT mean / p50 / p99 (ms)",
+            "ITL mean / p99 (ms)",
+            "TPOT mean (ms)",
+            "E2E mean / p99 (ms)",
+            "hit rate",
+            "best possible",
+            "identical",
+            "others' CPU",
+        ]
         rows = []
         for w in workloads:
             for r in (r for r in online if r["workload"] == w):
                 lat = r["latency"]
-                rows.append([
-                    r["workload"], r["system"], _num(r["requests_per_s"], 2), _num(r["output_tokens_per_s"]),
-                    f"{_ms(lat['ttft_s'], 'mean')} / {_ms(lat['ttft_s'], 'p50')} / {_ms(lat['ttft_s'], 'p99')}",
-                    f"{_ms(lat['itl_s'], 'mean')} / {_ms(lat['itl_s'], 'p99')}", _ms(lat["tpot_s"], "mean"),
-                    f"{_ms(lat['e2e_s'], 'mean')} / {_ms(lat['e2e_s'], 'p99')}",
-                    _pct(r["hit_rate"]), _pct(r["best_hit_rate"]), _pct(r["agreement"].get("identical")),
-                ])
+                rows.append(
+                    [
+                        r["workload"],
+                        r["system"],
+                        _num(r["requests_per_s"], 2),
+                        _num(r["output_tokens_per_s"]),
+                        f"{_ms(lat['ttft_s'], 'mean')} / {_ms(lat['ttft_s'], 'p50')} / {_ms(lat['ttft_s'], 'p99')}",
+                        f"{_ms(lat['itl_s'], 'mean')} / {_ms(lat['itl_s'], 'p99')}",
+                        _ms(lat["tpot_s"], "mean"),
+                        f"{_ms(lat['e2e_s'], 'mean')} / {_ms(lat['e2e_s'], 'p99')}",
+                        _pct(r["hit_rate"]),
+                        _pct(r["best_hit_rate"]),
+                        _pct(r["agreement"].get("identical")),
+                        _others(r, m["cores"]),
+                    ]
+                )
         lines += _table(header, rows) + [""]
     if report["skipped"]:
-        lines += ["## Not run", ""] + [f"- {s['system']} ({s['mode']}): {s['reason']}" for s in report["skipped"]] + [""]
+        lines += (
+            ["## Not run", ""] + [f"- {s['system']} ({s['mode']}): {s['reason']}" for s in report["skipped"]] + [""]
+        )
     lines += ["## Systems", ""] + sorted({f"- {r['system']} ({r['mode']}): {r['description']}" for r in runs}) + [""]
     lines += [f"![{Path(f).stem}]({f})" for f in figures]
     return "\n".join(lines) + "\n"

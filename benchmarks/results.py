@@ -22,6 +22,7 @@ class RunResult:
     latency: dict[str, dict[str, float]] = field(default_factory=dict)  # online: ttft/itl/tpot/e2e summaries
     ttft_s: list[float] = field(default_factory=list)  # online: every request's, for the distribution plot
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. the server's /metrics counters
+    others_cpu_s: float | None = None  # CPU time other processes took meanwhile (benchmarks.machine.OtherLoad)
     agreement: dict[str, Any] = field(default_factory=dict)
 
     @property

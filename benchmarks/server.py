@@ -36,11 +36,30 @@ class ServerProcess:
         self.timeout_s = timeout_s
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="minisgl-serve-", suffix=".log", delete=False)
+        # Lives as long as the server; closed in __exit__.
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115
+            "w+", prefix="minisgl-serve-", suffix=".log", delete=False
+        )
         self.process: subprocess.Popen[bytes] | None = None
 
+    @property
+    def pid(self) -> int:
+        if self.process is None:
+            raise RuntimeError("the server has not been started")
+        return self.process.pid
+
     def __enter__(self) -> str:
-        cmd = [sys.executable, "-m", "minisgl", "serve", "--port", str(self.port), "--log-level", "warning", *self.engine_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "minisgl",
+            "serve",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+            *self.engine_args,
+        ]
         root = Path(__file__).resolve().parent.parent
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
         self.process = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=root)
@@ -51,7 +70,9 @@ class ServerProcess:
             raise
         return self.url
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._stop()
         self.log.close()
         if exc is None:
@@ -62,7 +83,9 @@ class ServerProcess:
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}; log: {self.log.name}\n{self._log_tail()}")
+                raise RuntimeError(
+                    f"server exited with {self.process.returncode}; log: {self.log.name}\n{self._log_tail()}"
+                )
             try:
                 if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
                     return

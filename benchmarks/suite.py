@@ -6,14 +6,16 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from transformers import AutoTokenizer
 
 from benchmarks import online as online_runner
-from benchmarks.machine import load_average, machine_info
+from benchmarks.machine import OtherLoad, load_average, machine_info
 from benchmarks.metrics import agreement
 from benchmarks.offline import run_offline, warm_up
 from benchmarks.plots import draw_all
@@ -28,11 +30,11 @@ from minisgl.models.loader import resolve_model_path
 logger = logging.getLogger("benchmarks")
 
 
-def _options(args: argparse.Namespace, workloads: list[Workload]) -> SystemOptions:
+def _options(args: argparse.Namespace, hf_folder: Path, workloads: list[Workload]) -> SystemOptions:
     gguf = default_model_path() if args.model is None else Path(args.model) if args.model.endswith(".gguf") else None
     return SystemOptions(
         model=args.model,
-        hf_folder=resolve_model_path(args.model),
+        hf_folder=hf_folder,
         gguf=gguf,
         threads=args.threads,
         dtype=args.dtype,
@@ -44,9 +46,16 @@ def _options(args: argparse.Namespace, workloads: list[Workload]) -> SystemOptio
 
 def _log(run: RunResult) -> None:
     logger.info(
-        "%-8s %-14s %-13s %7.1f s  %6.2f req/s  %7.1f out tok/s  hit %3.0f%% (best %3.0f%%)",
-        run.mode, run.system, run.workload, run.duration_s, run.throughput()["requests_per_s"],
-        run.throughput()["output_tokens_per_s"], 100 * run.hit_rate, 100 * run.best_hit_rate,
+        "%-8s %-14s %-13s %7.1f s  %6.2f req/s  %7.1f out tok/s  hit %3.0f%% (best %3.0f%%)  others' CPU %s s",
+        run.mode,
+        run.system,
+        run.workload,
+        run.duration_s,
+        run.throughput()["requests_per_s"],
+        run.throughput()["output_tokens_per_s"],
+        100 * run.hit_rate,
+        100 * run.best_hit_rate,
+        run.others_cpu_s,
     )
 
 
@@ -57,7 +66,9 @@ def _run_offline(name: str, opts: SystemOptions, workloads: list[Workload], toke
         warm_up(system, len(tokenizer))
         runs = []
         for w in workloads:
+            others = OtherLoad()
             runs.append(run_offline(system, w, tokenizer))
+            runs[-1].others_cpu_s = others.core_seconds()
             _log(runs[-1])
         return runs
     finally:
@@ -71,48 +82,67 @@ def _run_online(name: str, args: argparse.Namespace, workloads: list[Workload], 
     engine_args += ["--cache-type", variant["cache_type"], "--schedule-policy", variant["schedule_policy"]]
     logger.info("online: starting the server for %s", name)
     description = "minisgl server, " + ", ".join(f"{k}={v}" for k, v in variant.items())
-    with ServerProcess(engine_args) as url:
+    server = ServerProcess(engine_args)
+    with server as url:
         online_runner.warm_up(url, len(tokenizer))
         runs = []
         for w in workloads:
-            runs.append(online_runner.run_online(url, name, description, w, tokenizer, args.request_rate, args.max_concurrency, args.seed))
+            others = OtherLoad(server.pid)
+            runs.append(
+                online_runner.run_online(
+                    url, name, description, w, tokenizer, args.request_rate, args.max_concurrency, args.seed
+                )
+            )
+            runs[-1].others_cpu_s = others.core_seconds()
             _log(runs[-1])
         return runs
 
 
 def _annotate_agreement(runs: list[RunResult], reference: str) -> None:
     for run in runs:
-        ref = next((r for r in runs if r.workload == run.workload and r.system == reference and r.mode == "offline"), None)
+        ref = next(
+            (r for r in runs if r.workload == run.workload and r.system == reference and r.mode == "offline"), None
+        )
         if ref is not None:
             run.agreement = agreement(run.texts, ref.texts)
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    started, load_start = time.perf_counter(), load_average()
+    started, load_start, others = time.perf_counter(), load_average(), OtherLoad()
     sizes = Sizes(**{f.name: getattr(args, f.name) for f in fields(Sizes)})
     hf_folder = resolve_model_path(args.model)
     tokenizer = AutoTokenizer.from_pretrained(str(hf_folder))
     workloads = build(args.workloads, tokenizer, sizes, args.seed, args.token_source)
-    opts = _options(args, workloads)
+    opts = _options(args, hf_folder, workloads)
     runs: list[RunResult] = []
-    skipped: list[dict[str, str]] = []
-    for name in args.systems:
+    skipped: list[dict[str, Any]] = []
+
+    def attempt(name: str, mode: str, go: Callable[[], list[RunResult]]) -> None:
+        # One broken system must not throw away the others' minutes of measurements; the failure
+        # is logged with its traceback, listed in the report, and makes the command exit non-zero.
         try:
-            runs += _run_offline(name, opts, workloads, tokenizer)
+            runs.extend(go())
         except Unavailable as e:
-            logger.warning("skipping %s: %s", name, e)
-            skipped.append({"system": name, "mode": "offline", "reason": str(e)})
+            logger.warning("skipping %s (%s): %s", name, mode, e)
+            skipped.append({"system": name, "mode": mode, "reason": str(e)})
+        except Exception as e:
+            logger.exception("%s (%s) failed", name, mode)
+            skipped.append({"system": name, "mode": mode, "reason": f"FAILED: {type(e).__name__}: {e}", "failed": True})
+
+    for name in args.systems:
+        attempt(name, "offline", partial(_run_offline, name, opts, workloads, tokenizer))
     for name in args.online:
         if not server_available():
             skipped.append({"system": name, "mode": "online", "reason": "this checkout has no minisgl/server"})
             continue
-        runs += _run_online(name, args, workloads, tokenizer)
+        attempt(name, "online", partial(_run_online, name, args, workloads, tokenizer))
     _annotate_agreement(runs, args.reference)
     return {
         "command": " ".join(["python -m benchmarks", *argv]),
         "machine": machine_info(args.threads),
         "load_average_start": load_start,
         "load_average_end": load_average(),
+        "other_processes_core_seconds": others.core_seconds(),
         "duration_s": time.perf_counter() - started,
         "config": vars(args),
         "reference": args.reference,

@@ -112,7 +112,7 @@ class RandomTokens:
 def shared_prefix(src: TokenSource, rng: random.Random, s: Sizes) -> Workload:
     """``groups`` system prompts of ``system_len`` tokens, each followed by ``prompts_per_group``
     questions of ``question_len`` tokens; the groups are interleaved (shuffled) as live traffic is."""
-    turns = []
+    turns: list[Turn] = []
     for g in range(s.groups):
         persona = PERSONAS[g % len(PERSONAS)]
         if g >= len(PERSONAS):  # keep groups distinct once the personas repeat

@@ -66,3 +66,31 @@ def test_shared_groups_need_a_long_common_run() -> None:
     lens = torch.tensor([300, 350, 300, 120])
     groups = _shared_groups(rows, lens)
     assert groups == [([0, 1, 3], 119)]
+
+
+def test_prefill_with_and_without_cached_prefix_matches_reference() -> None:
+    g = torch.Generator().manual_seed(1)
+    pool = KVPool(1, SLOTS, 1, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
+    pool.k.normal_(generator=g)
+    pool.v.normal_(generator=g)
+    table = torch.randperm(SLOTS, generator=g)[: 4 * 256].view(4, 256).clone()
+    shapes = [(0, 20), (100, 7), (0, 5), (37, 40)]  # (cached prefix, new tokens) per request
+    reqs = []
+    for row, (prefix, n) in enumerate(shapes):
+        req = Req(row, [0] * (prefix + n), SamplingParams())
+        req.row, req.device_len = row, prefix
+        reqs.append(req)
+    backend = create_backend("torch", pool, table, HEADS, KV_HEADS, DIM)
+    batch = Batch.build(reqs, [n for _, n in shapes], True, table)
+    tokens = sum(n for _, n in shapes)
+    q = torch.randn(tokens, HEADS, DIM, generator=g)
+    k = torch.randn(tokens, KV_HEADS, DIM, generator=g)
+    v = torch.randn(tokens, KV_HEADS, DIM, generator=g)
+    out = backend.prepare(batch).attend(0, q, k, v)
+    row = 0
+    for r, (prefix, n) in enumerate(shapes):
+        for i in range(n):
+            slots = table[r, : prefix + i + 1]  # the request's keys up to and including this token
+            expected = reference(q[row], pool.k[0][slots], pool.v[0][slots])
+            torch.testing.assert_close(out[row], expected, rtol=1e-5, atol=1e-5)
+            row += 1

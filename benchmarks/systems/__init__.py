@@ -34,4 +34,12 @@ def make_system(name: str, opts: SystemOptions) -> OfflineSystem:
     raise ValueError(f"unknown system {name!r}; choose from {', '.join(OFFLINE_SYSTEMS)}")
 
 
-__all__ = ["MINISGL_VARIANTS", "OFFLINE_SYSTEMS", "Completion", "OfflineSystem", "SystemOptions", "Unavailable", "make_system"]
+__all__ = [
+    "MINISGL_VARIANTS",
+    "OFFLINE_SYSTEMS",
+    "Completion",
+    "OfflineSystem",
+    "SystemOptions",
+    "Unavailable",
+    "make_system",
+]

@@ -12,12 +12,14 @@ class HFSystem:
     def __init__(self, name: str, opts: SystemOptions, batch_size: int) -> None:
         self.name = name
         self.batch_size = batch_size
-        self.description = f"transformers generate, batch size {batch_size}" + (" (left-padded)" if batch_size > 1 else "")
+        self.description = f"transformers generate, batch size {batch_size}" + (
+            " (left-padded)" if batch_size > 1 else ""
+        )
         torch.set_num_threads(opts.threads)
         device = opts.device if opts.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         self.device = torch.device(device)
         self.model = AutoModelForCausalLM.from_pretrained(opts.hf_folder, dtype=getattr(torch, opts.dtype))
-        self.model.to(self.device).eval()
+        self.model.to(self.device).eval()  # type: ignore[arg-type]  # transformers types .to oddly
         tokenizer = AutoTokenizer.from_pretrained(opts.hf_folder)
         eos = tokenizer.eos_token_id
         # Padding only ever sits left of real tokens under a zero mask, so any id works; EOS is always there.

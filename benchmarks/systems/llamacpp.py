@@ -49,4 +49,3 @@ class LlamaCppSystem:
 
     def close(self) -> None:
         self.llm.close()
-

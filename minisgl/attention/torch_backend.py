@@ -1,8 +1,8 @@
 """Attention with ``torch.nn.functional.scaled_dot_product_attention`` over the paged pool.
 
-Works wherever torch does (CPU, CUDA). Prefill runs one SDPA call per request (prompts are long,
-so the call overhead is small); a request with no cached prefix attends to its fresh K/V directly,
-with no gather. Decode runs one SDPA call for the whole batch over KV gathered into a padded
+Works wherever torch does (CPU, CUDA). In prefill, a request with nothing cached attends to its
+fresh K/V directly (one causal call each, no gather); requests that extend a cached prefix are
+gathered into one padded call with a shifted causal mask. Decode runs one SDPA call for the whole batch over KV gathered into a padded
 [batch, max_len] layout, with padding masked out.
 
 Decode with shared prefixes: when several running requests share a long run of KV slots (a system
@@ -28,11 +28,14 @@ MIN_SHARED_PREFIX = 64
 
 
 @dataclass
-class _PrefillSeq:
-    q_start: int
-    q_len: int
-    kv_slots: torch.Tensor | None  # all KV slots incl. the cached prefix; None when there is no prefix
-    mask: torch.Tensor | None  # [q_len, kv_len] causal mask shifted by the prefix length
+class _CachedPrefill:
+    """Requests that extend a cached prefix, attended in one padded call: [batch, max_new, max_kv]."""
+
+    q_index: torch.Tensor  # [batch * max_new] row of each padded query in the pass's tokens
+    kv_slots: torch.Tensor  # [batch, max_kv] all KV slots of each request (prefix + new tokens)
+    mask: torch.Tensor  # [batch, 1, max_new, max_kv] causal mask shifted by each prefix length
+    valid: torch.Tensor  # positions in the padded [batch * max_new] layout that are real tokens
+    rows: torch.Tensor  # their rows in the pass's tokens
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: object) -> torch.Tensor:
@@ -43,23 +46,29 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: object) -> to
 
 
 class _PrefillContext:
-    def __init__(self, pool: KVPool, out_slots: torch.Tensor, seqs: list[_PrefillSeq]) -> None:
-        self.pool, self.out_slots, self.seqs = pool, out_slots, seqs
+    def __init__(
+        self, pool: KVPool, out_slots: torch.Tensor, fresh: list[tuple[int, int]], cached: _CachedPrefill | None
+    ) -> None:
+        self.pool, self.out_slots, self.fresh, self.cached = pool, out_slots, fresh, cached
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.pool.store(layer_id, self.out_slots, k, v)
-        outs = []
-        for s in self.seqs:
-            qi = q[s.q_start : s.q_start + s.q_len]
-            if s.kv_slots is None:
-                end = s.q_start + s.q_len
-                o = _sdpa(qi, k[s.q_start : end], v[s.q_start : end], is_causal=True)
-            else:
-                ki = self.pool.k[layer_id].index_select(0, s.kv_slots)
-                vi = self.pool.v[layer_id].index_select(0, s.kv_slots)
-                o = _sdpa(qi, ki, vi, attn_mask=s.mask)
-            outs.append(o.flatten(1))
-        return torch.cat(outs) if len(outs) > 1 else outs[0]
+        if self.cached is None and len(self.fresh) == 1:
+            return _sdpa(q, k, v, is_causal=True).flatten(1)
+        out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+        # A request with nothing cached attends to its fresh K/V directly: no gather.
+        for start, n in self.fresh:
+            out[start : start + n] = _sdpa(q[start : start + n], k[start : start + n], v[start : start + n], is_causal=True).flatten(1)
+        if self.cached is not None:
+            c = self.cached
+            batch, max_kv = c.kv_slots.shape
+            qi = q.index_select(0, c.q_index).view(batch, -1, *q.shape[1:]).transpose(1, 2)
+            kv_shape = (batch, max_kv, *k.shape[1:])
+            ki = self.pool.k[layer_id].index_select(0, c.kv_slots.view(-1)).view(kv_shape).transpose(1, 2)
+            vi = self.pool.v[layer_id].index_select(0, c.kv_slots.view(-1)).view(kv_shape).transpose(1, 2)
+            o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=c.mask, enable_gqa=True)
+            out.index_copy_(0, c.rows, o.transpose(1, 2).flatten(2).flatten(0, 1).index_select(0, c.valid))
+        return out
 
 
 @dataclass
@@ -150,20 +159,45 @@ def _shared_groups(slot_rows: torch.Tensor, kv_lens: torch.Tensor) -> list[tuple
 
 @register_backend("torch")
 class TorchAttentionBackend(AttentionBackend):
+    def _prepare_prefill(self, batch: Batch) -> _PrefillContext:
+        device = self.page_table.device
+        fresh: list[tuple[int, int]] = []
+        starts, new_lens, prefixes, rows = [], [], [], []
+        q_start = 0
+        for req, n in zip(batch.reqs, batch.extend_lens):
+            if req.device_len == 0:
+                fresh.append((q_start, n))
+            else:
+                starts.append(q_start)
+                new_lens.append(n)
+                prefixes.append(req.device_len)
+                rows.append(req.row)
+            q_start += n
+        if not rows:
+            return _PrefillContext(self.pool, batch.out_slots, fresh, None)
+        start_t, new_t, prefix_t = (torch.tensor(x, device=device) for x in (starts, new_lens, prefixes))
+        kv_lens = prefix_t + new_t
+        max_new, max_kv = int(new_t.max()), int(kv_lens.max())
+        i = torch.arange(max_new, device=device)
+        j = torch.arange(max_kv, device=device)
+        real = i.unsqueeze(0) < new_t.unsqueeze(1)  # [batch, max_new]
+        # Query i of a request sees keys up to its own position (prefix + i). Padded queries see
+        # key 0 only, so that no row is fully masked (they are dropped afterwards).
+        mask = j.view(1, 1, -1) <= (prefix_t.view(-1, 1, 1) + i.view(1, -1, 1)) * real.unsqueeze(2)
+        q_rows = start_t.unsqueeze(1) + i.unsqueeze(0) * real
+        cached = _CachedPrefill(
+            q_index=q_rows.flatten(),
+            kv_slots=self.page_table[torch.tensor(rows, device=device), :max_kv].contiguous(),
+            mask=mask.unsqueeze(1),
+            valid=real.flatten().nonzero().squeeze(1),
+            rows=q_rows[real],
+        )
+        return _PrefillContext(self.pool, batch.out_slots, fresh, cached)
+
     def prepare(self, batch: Batch) -> _PrefillContext | _DecodeContext:
         device = self.page_table.device
         if batch.is_prefill:
-            seqs, q_start = [], 0
-            for req, q_len in zip(batch.reqs, batch.extend_lens):
-                prefix = req.device_len
-                kv_slots = mask = None
-                if prefix > 0:
-                    kv_len = prefix + q_len
-                    kv_slots = self.page_table[req.row, :kv_len]
-                    mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(diagonal=prefix)
-                seqs.append(_PrefillSeq(q_start, q_len, kv_slots, mask))
-                q_start += q_len
-            return _PrefillContext(self.pool, batch.out_slots, seqs)
+            return self._prepare_prefill(batch)
         # Decode: every request adds one token; its KV length is its new sequence length.
         kv_lens = torch.tensor([r.device_len + 1 for r in batch.reqs], device=device)
         rows = torch.tensor([r.row for r in batch.reqs], device=device)

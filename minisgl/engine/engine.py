@@ -91,28 +91,22 @@ class Engine:
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
-        """Run the batch; returns the next token of each of ``batch.sampling_reqs`` (CPU int64)."""
-        if self.tp is not None:
-            return self._forward_tensor_parallel(batch)
-        ctx = self.attention.prepare(batch)
-        logits = self.model(batch.input_ids, batch.positions, ctx, batch.logit_rows)
+        """Run the batch; returns the next token of each of ``batch.sampling_reqs`` (CPU int64).
+        With tensor parallelism (rank 0 only) the batch is first broadcast so every rank runs it."""
+        if self.tp is None:
+            logits = self.run_model(batch)
+        else:
+            assert self.supervisor is not None and self.sync is not None, "only rank 0 schedules batches"
+            with self.supervisor.guard():
+                self.sync.send_batch(batch)
+                logits = self.run_model(batch)
         reqs = batch.sampling_reqs
         return self.sampler.sample(logits, [r.params for r in reqs], [r.generator for r in reqs])
 
-    # -- tensor parallelism ------------------------------------------------------------------------
     def run_model(self, batch: Batch) -> torch.Tensor:
         """The model on this rank's shard (under inference mode); full logits on rank 0 only."""
         ctx = self.attention.prepare(batch)
         return self.model(batch.input_ids, batch.positions, ctx, batch.logit_rows)
-
-    def _forward_tensor_parallel(self, batch: Batch) -> torch.Tensor:
-        """Rank 0: broadcast the batch so that every rank runs it, run it here, sample here."""
-        assert self.supervisor is not None and self.sync is not None, "only rank 0 schedules batches"
-        with self.supervisor.guard():
-            self.sync.send_batch(batch)
-            logits = self.run_model(batch)
-        reqs = batch.sampling_reqs
-        return self.sampler.sample(logits, [r.params for r in reqs], [r.generator for r in reqs])
 
     def check_ranks(self) -> list[dict[str, int]]:
         """Tensor parallelism: every rank's report (rank 0 first): KV heads it holds, pool slots,

@@ -17,7 +17,7 @@ from minisgl.layers.activation import silu_and_mul
 from minisgl.layers.embedding import VocabEmbedding
 from minisgl.layers.linear import Linear, column, row
 from minisgl.layers.norm import RMSNorm
-from minisgl.layers.rotary import RotaryEmbedding
+from minisgl.layers.rotary import Rope, RotaryEmbedding, apply_rotary
 from minisgl.models.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -41,9 +41,7 @@ def local_heads(cfg: ModelConfig, tp: TPGroup | None) -> HeadShard:
 
 
 class Attention(nn.Module):
-    def __init__(
-        self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool, tp: TPGroup | None
-    ) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, qkv_bias: bool, qk_norm: bool, tp: TPGroup | None) -> None:
         super().__init__()
         self.layer_id = layer_id
         heads, d = local_heads(cfg, tp), cfg.head_dim
@@ -57,16 +55,15 @@ class Attention(nn.Module):
         self.o_proj = Linear(full_q, cfg.hidden_size, partition=row(tp, q_rows))
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
-        self.rotary = rotary
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope, ctx: AttentionContext) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q, k = apply_rotary(q, k, rope)
         return self.o_proj(ctx.attend(self.layer_id, q, k, v))
 
 
@@ -83,17 +80,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(
-        self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool, tp: TPGroup | None
-    ) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, qkv_bias: bool, qk_norm: bool, tp: TPGroup | None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_id, rotary, qkv_bias, qk_norm, tp)
+        self.self_attn = Attention(cfg, layer_id, qkv_bias, qk_norm, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, tp)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, ctx)
+    def forward(self, x: torch.Tensor, rope: Rope, ctx: AttentionContext) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -106,11 +101,8 @@ class DecoderModel(nn.Module):
         super().__init__()
         vocab = column(tp, vocab_range(cfg, tp)) if tp is not None else None
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, vocab)
-        # One RoPE table shared by every layer; kept out of the parameter list (no weights).
-        rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
-        self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, rotary, qkv_bias, qk_norm, tp) for i in range(cfg.num_layers)
-        )
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, qkv_bias, qk_norm, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -137,8 +129,9 @@ class DecoderForCausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, logit_rows: torch.Tensor
     ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
+        rope = self.model.rotary.table(positions, x.dtype)
         for layer in self.model.layers:
-            x = layer(x, positions, ctx)
+            x = layer(x, rope, ctx)
         # The final norm and LM head are per row: compute them only where a token is sampled.
         logits = self.lm_head(self.model.norm(x[logit_rows]))
         return logits if self.tp is None else self.tp.gather_vocab(logits, self.config.vocab_size)

@@ -1,0 +1,152 @@
+"""Smoke test of ``python -m benchmarks`` at tiny sizes: workload generators, the offline and online
+runners against real engines, the report and the plots. Checks that results are produced and sane,
+never how fast anything was (the CPU is shared)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tiny_models import build_tiny_model
+from transformers import AutoTokenizer
+
+from benchmarks.cli import main
+from benchmarks.corpus import PERSONAS
+from benchmarks.hit_rate import best_hit_rate, reusable_tokens
+from benchmarks.server import server_available
+from benchmarks.workloads import Conversations, Sizes, Workload, build
+
+TINY = Sizes(
+    groups=2,
+    prompts_per_group=3,
+    system_len=40,
+    question_len=6,
+    conversations=2,
+    rounds=2,
+    chat_system_len=40,
+    turn_len=6,
+    random_prompts=3,
+    random_len=12,
+    output_len=3,
+)
+TINY_FLAGS = [f"--{k.replace('_', '-')}={v}" for k, v in vars(TINY).items()]
+
+
+def play(workload: Workload, output_len: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt, output) pairs of a workload, with a fixed fake answer standing in for the model."""
+    conversations, sent = Conversations(), []
+    for turns in workload.rounds:
+        for turn in turns:
+            prompt, output = conversations.prompt(turn), [7] * output_len
+            conversations.record(turn, prompt, output)
+            sent.append((prompt, output))
+    return sent
+
+
+def test_best_hit_rate_counts_shared_prefixes_and_history() -> None:
+    assert reusable_tokens([([1, 2, 3, 4], [9, 9]), ([1, 2, 3, 5], [9])]) == (3, 8)
+    # A follow-up that resends prompt + answer reuses all but the answer's last (never fed) token.
+    assert reusable_tokens([([1, 2], [3, 4]), ([1, 2, 3, 4, 5], [6])]) == (3, 7)
+    # Identical prompts: the last token is always computed.
+    assert reusable_tokens([([1, 2, 3], [4]), ([1, 2, 3], [4])]) == (2, 6)
+    assert best_hit_rate([]) == 0.0
+
+
+def test_workloads_from_the_real_tokenizer() -> None:
+    from minisgl.models.loader import resolve_model_path
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path(None)))
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    sizes = Sizes()
+    shared, chat, rand = build(["shared-prefix", "multi-turn", "random"], tokenizer, sizes, seed=0)
+    assert shared.num_requests == sizes.groups * sizes.prompts_per_group
+    assert {len(t.new_ids) for t in shared.rounds[0]} == {sizes.system_len + sizes.question_len}
+    assert any(tokenizer.decode(t.new_ids).startswith(p[:30]) for p in PERSONAS for t in shared.rounds[0])
+    assert len(chat.rounds) == sizes.rounds and all(len(r) == sizes.conversations for r in chat.rounds)
+    assert rand.num_requests == sizes.random_prompts
+    # Shared-prefix: all but the first prompt of each group can reuse the whole system prompt.
+    floor = (
+        (sizes.prompts_per_group - 1)
+        / sizes.prompts_per_group
+        * sizes.system_len
+        / (sizes.system_len + sizes.question_len)
+    )
+    assert floor <= best_hit_rate(play(shared, sizes.output_len)) < 1
+    assert best_hit_rate(play(chat, sizes.output_len)) > 0.5  # every later round resends its history
+    assert best_hit_rate(play(rand, sizes.output_len)) < 0.01
+    # Seeded: the same seed gives the same ids, another seed different ones.
+    again = build(["shared-prefix"], tokenizer, sizes, seed=0)[0]
+    assert again.rounds == shared.rounds
+    assert build(["shared-prefix"], tokenizer, sizes, seed=1)[0].rounds != shared.rounds
+
+
+def test_full_harness_on_a_tiny_model(tmp_path: Path) -> None:
+    model = build_tiny_model("llama", tmp_path / "model")
+    out = tmp_path / "out"
+    online = "minisgl" if server_available() else "none"
+    # One thread: on a shared CPU, multi-threaded torch stalls at every barrier while a thread waits for a core.
+    status = main([
+        "--model", str(model), "--token-source", "random", "--out", str(out), "--threads", "1",
+        "--systems", "minisgl,minisgl-naive,hf,hf-batch,llama.cpp", "--online", online, "--hf-batch-size", "2",
+        *TINY_FLAGS,
+    ])  # fmt: skip
+
+    report = json.loads((out / "results.json").read_text())
+    assert status == 0, report["skipped"]
+    for name in ["results.md", "throughput.png", "hit_rate.png"] + (["ttft.png"] if online != "none" else []):
+        assert (out / name).stat().st_size > 0, name
+    assert report["machine"]["cores"] >= 1 and report["machine"]["torch"]
+    # llama.cpp needs a GGUF file; the tiny model is a folder, so it is skipped with a reason.
+    assert [s["system"] for s in report["skipped"]] == ["llama.cpp"]
+
+    runs = {(r["mode"], r["system"], r["workload"]): r for r in report["runs"]}
+    expected = 4 + (online != "none")
+    assert len(runs) == 3 * expected
+    for r in runs.values():
+        assert r["output_tokens"] == r["requests"] * TINY.output_len
+        assert 0.0 <= r["hit_rate"] <= r["best_hit_rate"] <= 1.0, r
+        assert r["duration_s"] > 0 and r["output_tokens_per_s"] > 0
+        assert 0.0 <= r["agreement"]["identical"] <= 1.0
+        assert r["others_cpu_s"] is None or r["others_cpu_s"] >= 0.0
+    assert runs[("offline", "minisgl", "shared-prefix")]["hit_rate"] > 0.3
+    assert runs[("offline", "minisgl", "multi-turn")]["hit_rate"] > 0.3
+    for mode, system in [("offline", "minisgl-naive"), ("offline", "hf"), ("offline", "hf-batch")]:
+        assert runs[(mode, system, "shared-prefix")]["hit_rate"] == 0.0
+    assert runs[("offline", "minisgl", "random")]["best_hit_rate"] < 0.2
+    assert runs[("offline", "minisgl", "shared-prefix")]["agreement"]["identical"] == 1.0  # the reference itself
+
+    if online != "none":
+        served = runs[("online", "minisgl", "shared-prefix")]
+        assert served["hit_rate"] > 0.3
+        for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
+            assert served["latency"][key]["p50"] is None or served["latency"][key]["p50"] >= 0
+        assert len(served["ttft_s"]) == served["requests"] and all(t > 0 for t in served["ttft_s"])
+        assert served["latency"]["e2e_s"]["p99"] >= served["latency"]["ttft_s"]["p50"]
+        # The server's /metrics counters saw the same prompt tokens the responses reported.
+        assert served["extra"]["metrics_delta"]["prompt_tokens"] == served["prompt_tokens"]
+
+
+def test_llamacpp_reuses_the_previous_prompt_only() -> None:
+    pytest.importorskip("llama_cpp")
+    from benchmarks.systems import SystemOptions, make_system
+    from minisgl.models.gguf import default_model_path
+
+    try:
+        gguf = default_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    opts = SystemOptions(model=None, hf_folder=Path("unused"), gguf=gguf, threads=1, max_seq_len=256)
+    system = make_system("llama.cpp", opts)
+    try:
+        shared = list(range(1000, 1040))
+        a, b, c = shared + [5, 6], shared + [7, 8], [9] + shared
+        first, second, third = system.generate([a, b, c], output_len=4)
+        assert [len(x.output_ids) for x in (first, second, third)] == [4, 4, 4]
+        assert (first.cached_tokens, second.cached_tokens, third.cached_tokens) == (0, len(shared), 0)
+        system.reset()
+        assert system.generate([a], output_len=4)[0].cached_tokens == 0
+    finally:
+        system.close()
