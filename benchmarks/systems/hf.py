@@ -21,20 +21,14 @@ class HFSystem:
         self.model = AutoModelForCausalLM.from_pretrained(opts.hf_folder, dtype=getattr(torch, opts.dtype))
         self.model.to(self.device).eval()  # type: ignore[arg-type]  # transformers types .to oddly
         tokenizer = AutoTokenizer.from_pretrained(opts.hf_folder)
-        eos = tokenizer.eos_token_id
         # Padding only ever sits left of real tokens under a zero mask, so any id works; EOS is always there.
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-        self.eos_id = eos
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        # Like ignore_eos elsewhere: EOS may be generated but does not end the sequence. (min_new_tokens
+        # would forbid EOS instead, changing the greedy tokens wherever EOS is the argmax.)
+        self.model.generation_config.eos_token_id = None
 
     def generate(self, prompts: list[list[int]], output_len: int) -> list[Completion]:
-        # min_new_tokens masks EOS until the end: the same effect as ignore_eos elsewhere.
-        config = GenerationConfig(
-            max_new_tokens=output_len,
-            min_new_tokens=output_len,
-            do_sample=False,
-            pad_token_id=self.pad_id,
-            eos_token_id=self.eos_id,
-        )
+        config = GenerationConfig(max_new_tokens=output_len, do_sample=False, pad_token_id=self.pad_id)
         completions = []
         for start in range(0, len(prompts), self.batch_size):
             batch = prompts[start : start + self.batch_size]
