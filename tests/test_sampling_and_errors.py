@@ -49,7 +49,7 @@ def test_sampled_tokens_respect_top_k(llm: LLM) -> None:
 
     greedy = tokens(llm, SamplingParams(max_tokens=1), [PROMPTS[0]])[0][0]
     top2 = first_tokens(top_k=2)
-    assert len(top2) <= 2 and greedy in top2 | {greedy}
+    assert len(top2) <= 2 and greedy in top2  # seeds are fixed, so this is deterministic
     assert len(first_tokens()) > 2  # without top_k the hot temperature spreads over many tokens
 
 
