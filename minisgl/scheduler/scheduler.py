@@ -122,15 +122,15 @@ class Scheduler:
         elapsed = time.perf_counter() - start
         for req, n in zip(batch.reqs, batch.extend_lens):
             req.device_len += n
-        if not batch.is_prefill:
-            self.stats.decode_seconds += elapsed
-            self.stats.decode_steps += 1
-            self.stats.decode_kv_tokens += sum(r.device_len for r in batch.reqs)
-        else:
+        if batch.is_prefill:
             self.stats.prefill_seconds += elapsed
             self.stats.prefill_tokens += sum(batch.extend_lens)
             for req in batch.reqs:
                 self.cache_manager.commit(req, finished=False)
+        else:
+            self.stats.decode_seconds += elapsed
+            self.stats.decode_steps += 1
+            self.stats.decode_kv_tokens += sum(r.device_len for r in batch.reqs)
         outputs = []
         for req, token in zip(batch.sampling_reqs, next_ids):
             req.token_ids.append(token)
