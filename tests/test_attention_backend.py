@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minisgl.attention.base import create_backend
-from minisgl.attention.torch_backend import MIN_SHARED_PREFIX, _shared_groups
+from minisgl.attention.torch_backend import MIN_SHARED_PREFIX, _padding_buckets, _shared_groups
 from minisgl.engine.batch import Batch
 from minisgl.kvcache.pool import KVPool
 from minisgl.request import Req
@@ -23,10 +23,11 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return torch.einsum("hl,lhd->hd", torch.softmax(scores, dim=-1), v).flatten()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("layout", ["shared", "mixed", "private"])
-def test_decode_matches_reference(layout: str) -> None:
+def test_decode_matches_reference(layout: str, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(0)
-    pool = KVPool(1, SLOTS, 1, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
+    pool = KVPool(1, SLOTS, 1, KV_HEADS, DIM, dtype, torch.device("cpu"))
     pool.k.normal_(generator=g)
     pool.v.normal_(generator=g)
     table = torch.zeros(8, 512, dtype=torch.int64)
@@ -47,15 +48,15 @@ def test_decode_matches_reference(layout: str) -> None:
     backend = create_backend("torch", pool, table, HEADS, KV_HEADS, DIM)
     batch = Batch.build(reqs, [1] * len(reqs), False, table)
     ctx = backend.prepare(batch)
-    assert bool(ctx.groups) == (layout != "private")
-    q = torch.randn(len(reqs), HEADS, DIM, generator=g)
-    new_k = torch.randn(len(reqs), KV_HEADS, DIM, generator=g)
-    new_v = torch.randn(len(reqs), KV_HEADS, DIM, generator=g)
+    assert (ctx.shared is not None) == (layout != "private")
+    q, new_k, new_v = (torch.randn(len(reqs), h, DIM, generator=g).to(dtype) for h in (HEADS, KV_HEADS, KV_HEADS))
     out = ctx.attend(0, q, new_k, new_v)
+    assert out.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
     for i, n in enumerate(lens):
         slots = table[i, :n]
-        expected = reference(q[i], pool.k[0][slots], pool.v[0][slots])
-        torch.testing.assert_close(out[i], expected, rtol=1e-5, atol=1e-5)
+        expected = reference(q[i].float(), pool.k[0][slots].float(), pool.v[0][slots].float())
+        torch.testing.assert_close(out[i].float(), expected, rtol=tol, atol=tol)
     # The new token's K/V was written in place at its slot.
     torch.testing.assert_close(pool.k[0][batch.out_slots], new_k)
 
@@ -68,13 +69,23 @@ def test_shared_groups_need_a_long_common_run() -> None:
     assert groups == [([0, 1, 3], 119)]
 
 
-def test_prefill_with_and_without_cached_prefix_matches_reference() -> None:
+def test_padding_buckets_keep_one_long_extension_apart() -> None:
+    new_lens = [30, 31, 128, 29, 32]
+    buckets = _padding_buckets(new_lens, [n + 512 for n in new_lens])
+    assert sorted(map(sorted, buckets)) == [[0, 1, 3, 4], [2]]
+    assert _padding_buckets([1] * 4, [100, 3000, 110, 2900]) == [[0, 2], [3, 1]]
+
+
+# (cached prefix, new tokens) per request, and the padded calls the prefix-extending ones need.
+@pytest.mark.parametrize(
+    "shapes, calls", [([(0, 20), (100, 7), (0, 5), (37, 40)], 2), ([(150, 3), (10, 60), (150, 4), (0, 9), (3, 1)], 3)]
+)
+def test_prefill_with_and_without_cached_prefix_matches_reference(shapes: list[tuple[int, int]], calls: int) -> None:
     g = torch.Generator().manual_seed(1)
     pool = KVPool(1, SLOTS, 1, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
     pool.k.normal_(generator=g)
     pool.v.normal_(generator=g)
-    table = torch.randperm(SLOTS, generator=g)[: 4 * 256].view(4, 256).clone()
-    shapes = [(0, 20), (100, 7), (0, 5), (37, 40)]  # (cached prefix, new tokens) per request
+    table = torch.randperm(SLOTS, generator=g)[: len(shapes) * 256].view(len(shapes), 256).clone()
     reqs = []
     for row, (prefix, n) in enumerate(shapes):
         req = Req(row, [0] * (prefix + n), SamplingParams())
@@ -86,7 +97,9 @@ def test_prefill_with_and_without_cached_prefix_matches_reference() -> None:
     q = torch.randn(tokens, HEADS, DIM, generator=g)
     k = torch.randn(tokens, KV_HEADS, DIM, generator=g)
     v = torch.randn(tokens, KV_HEADS, DIM, generator=g)
-    out = backend.prepare(batch).attend(0, q, k, v)
+    ctx = backend.prepare(batch)
+    assert len(ctx.cached) == calls
+    out = ctx.attend(0, q, k, v)
     row = 0
     for r, (prefix, n) in enumerate(shapes):
         for i in range(n):
