@@ -2,6 +2,9 @@
 
 Every prompt is distinct (no prefix reuse), so this measures the engine itself: continuous batching,
 prefill and batched decode. For prefix-heavy workloads and peers, see ``python -m benchmarks``.
+*decode tok/s* counts only the tokens of decode steps (each request's first token comes from its
+prefill) over the time in decode passes (forward and sampling), so its ratio between batch sizes is
+the decode scaling.
 
 Run: python -m benchmarks.throughput_sweep [--prompts 32] [--prompt-len 128] [--output-len 32] [--batch-sizes 1 4 16 32]
 """
@@ -33,23 +36,29 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True)
     pages = args.prompts * (args.prompt_len + args.output_len)
     print(f"\n{args.prompts} prompts x {args.prompt_len} tokens -> {args.output_len} tokens, {args.dtype}")
-    print(f"{'batch':>5} {'seconds':>8} {'req/s':>7} {'prompt tok/s':>13} {'gen tok/s':>10}")
+    print(f"{'batch':>5} {'seconds':>8} {'req/s':>7} {'prompt tok/s':>13} {'gen tok/s':>10} {'decode tok/s':>13}")
     prompts: list[list[int]] = []
+    decode_rates: dict[int, float] = {}
     for batch_size in args.batch_sizes:
         llm = LLM(args.model, dtype=args.dtype, cache_type="naive", max_running_req=batch_size, num_page_override=pages)
         if not prompts:
             vocab = llm.scheduler.vocab_size
             prompts = [torch.randint(100, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(args.prompts)]
         llm.generate(prompts[:batch_size], params, use_tqdm=False)  # warm-up at this batch size
+        before = vars(llm.scheduler.stats).copy()
         start = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - start
+        stats = {k: v - before[k] for k, v in vars(llm.scheduler.stats).items()}
         n = args.prompts
+        decode_rates[batch_size] = (stats["generated_tokens"] - n) / stats["decode_seconds"]
         print(
             f"{batch_size:>5} {seconds:>8.2f} {n / seconds:>7.2f} {n * args.prompt_len / seconds:>13.1f} "
-            f"{n * args.output_len / seconds:>10.1f}"
+            f"{n * args.output_len / seconds:>10.1f} {decode_rates[batch_size]:>13.1f}"
         )
         llm.shutdown()
+    low, high = min(decode_rates), max(decode_rates)
+    print(f"decode scaling, batch {high} vs batch {low}: {decode_rates[high] / decode_rates[low]:.1f}x")
     print(f"load average after: {load_average()}")
 
 
