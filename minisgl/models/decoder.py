@@ -15,7 +15,7 @@ from torch import nn
 from minisgl.distributed.sharding import HeadShard, even_range, shard_heads
 from minisgl.layers.activation import silu_and_mul
 from minisgl.layers.embedding import VocabEmbedding
-from minisgl.layers.linear import Linear, LMHead, column, row
+from minisgl.layers.linear import Linear, column, row
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import Rope, RotaryEmbedding, apply_rotary
 from minisgl.models.config import ModelConfig
@@ -121,7 +121,7 @@ class DecoderForCausalLM(nn.Module):
         self.config, self.tp = cfg, tp
         self.model = DecoderModel(cfg, max_positions, self.qkv_bias or cfg.attention_bias, self.qk_norm, tp)
         vocab = column(tp, vocab_range(cfg, tp)) if tp is not None else None
-        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, vocab)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, partition=vocab)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors import safe_open
 
-from minisgl.layers.linear import Partition
+from minisgl.layers.linear import Partition, pack_weights
 from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import DecoderForCausalLM
 from minisgl.models.registry import model_class
@@ -110,4 +110,6 @@ def load_model(
     _load_weights(model, folder)
     shard = "" if tp is None else f" (tensor-parallel rank {tp.rank} of {tp.size})"
     logger.info("loaded %s (%d layers) from %s%s", cfg.architecture, cfg.num_layers, folder, shard)
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    pack_weights(model)
+    return model
