@@ -78,7 +78,7 @@ def _run_offline(name: str, opts: SystemOptions, workloads: list[Workload], toke
 def _run_online(name: str, args: argparse.Namespace, workloads: list[Workload], tokenizer: Any) -> list[RunResult]:
     variant = MINISGL_VARIANTS[name]
     engine_args = ["--model", args.model] if args.model else []
-    engine_args += ["--dtype", args.dtype, "--device", args.device, "--num-threads", str(args.threads)]
+    engine_args += ["--dtype", variant.get("dtype", args.dtype), "--device", args.device, "--num-threads", str(args.threads)]
     engine_args += ["--cache-type", variant["cache_type"], "--schedule-policy", variant["schedule_policy"]]
     logger.info("online: starting the server for %s", name)
     description = "minisgl server, " + ", ".join(f"{k}={v}" for k, v in variant.items())

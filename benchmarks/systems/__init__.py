@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from benchmarks.systems.base import Completion, OfflineSystem, SystemOptions, Unavailable
 
-# minisgl engine options by name: "minisgl" is the engine as shipped, each ablation changes one option.
+# minisgl engine options by name: "minisgl" is the engine as shipped, each variant changes one option
+# (a variant's dtype replaces the run's --dtype).
 MINISGL_VARIANTS: dict[str, dict[str, str]] = {
     "minisgl": {"cache_type": "radix", "schedule_policy": "lpm"},
     "minisgl-naive": {"cache_type": "naive", "schedule_policy": "lpm"},
     "minisgl-fcfs": {"cache_type": "radix", "schedule_policy": "fcfs"},
+    "minisgl-bf16": {"cache_type": "radix", "schedule_policy": "lpm", "dtype": "bfloat16"},
 }
 OFFLINE_SYSTEMS = (*MINISGL_VARIANTS, "hf", "hf-batch", "llama.cpp")
 
