@@ -2,14 +2,15 @@
 
 Works wherever torch does (CPU, CUDA). In prefill, a request with nothing cached attends to its
 fresh K/V directly (one causal call each, no gather); requests that extend a cached prefix are
-gathered into one padded call with a shifted causal mask. Decode runs one SDPA call for the whole batch over KV gathered into a padded
+gathered into padded calls with a shifted causal mask, bucketed so that one long extension does not
+pad many short ones. Decode runs one call for the whole batch over KV gathered into a padded
 [batch, max_len] layout, with padding masked out.
 
 Decode with shared prefixes: when several running requests share a long run of KV slots (a system
 prompt in the radix cache), gathering that run once per request per layer dominates the step.
 Those requests form a group whose shared run is gathered once and attended by all members' queries
-in one matmul; each request's own suffix is attended separately, and the two partial results are
-merged exactly through their log-sum-exp (cascade attention).
+together (all groups in one padded call); each request's own suffix is attended separately, and the
+two partial results are merged exactly through their log-sum-exp (cascade attention).
 """
 
 from __future__ import annotations
