@@ -88,7 +88,7 @@ def main() -> None:
         kv_bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
         decode_bytes = weight_bytes * dec["decode_steps"] + kv_bytes_per_token * dec["decode_kv_tokens"]
         decode_gbps = decode_bytes / dec["decode_seconds"] / 1e9
-        decode_tps = dec["decode_steps"] and (dec["generated_tokens"] - len(decode_prompts)) / dec["decode_seconds"]
+        decode_tps = dec["decode_steps"] and dec["decode_tokens"] / dec["decode_seconds"]
         peak_key = "bf16_gflops" if dtype == "bfloat16" else "fp32_gflops"
         texts = [o["token_ids"] for o in llm.generate(AGREEMENT_PROMPTS, SamplingParams(max_tokens=32), use_tqdm=False)]
         if not reference:

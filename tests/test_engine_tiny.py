@@ -42,6 +42,28 @@ def test_matches_transformers_batched_single_and_chunked(tiny: Path) -> None:
     assert_idle_balanced(chunked)
 
 
+def test_decoding_requests_ride_along_a_chunked_prefill(tiny: Path) -> None:
+    hf = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    short_ids, long_ids = PROMPTS[1], PROMPTS[6]  # 5 and 100 tokens
+    llm = LLM(str(tiny), num_page_override=2048, max_prefill_tokens=16)
+    sched = llm.scheduler
+    short = sched.make_request(0, short_ids, GREEDY)
+    sched.add(short)
+    sched.step()  # the short prompt's prefill samples its first token
+    long = sched.make_request(1, long_ids, GREEDY)
+    sched.add(long)
+    for _ in range(6):  # 96 of the long prompt's 100 tokens, 16 per pass
+        outputs = sched.step()
+        assert long.is_prefilling and [o.rid for o in outputs] == [0]  # the short one still streams
+    assert [o.rid for o in sched.step()] == [1, 0]  # the last chunk: the long prompt's first token
+    assert sched.stats.prefill_tokens == len(short_ids) + len(long_ids) and sched.stats.decode_steps == 0
+    while sched.has_work:
+        sched.step()
+    assert short.output_ids == hf_greedy(hf, short_ids, MAX_TOKENS)
+    assert long.output_ids == hf_greedy(hf, long_ids, MAX_TOKENS)
+    assert_idle_balanced(llm)
+
+
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_page_sizes_and_small_batches_agree(tiny: Path, page_size: int) -> None:
     base = LLM(str(tiny), num_page_override=4096 // page_size, cache_type="naive")

@@ -1,5 +1,9 @@
-"""Continuous batching: each ``step`` runs one prefill pass (if anything can be admitted) or one
-decode pass over every running request, then retires finished requests at once."""
+"""Continuous batching: each ``step`` runs one pass, then retires finished requests at once.
+
+A pass is a prefill pass when anything waits to be prefilled (new requests, or the next chunk of a
+long prompt): the requests already decoding ride along with one token each, so a queue of prompts
+never stalls their streams for longer than one pass. Otherwise it is a decode pass over every
+running request."""
 
 from __future__ import annotations
 
@@ -37,9 +41,10 @@ class EngineStats:
     prefill_tokens: int = 0  # tokens actually computed in prefill passes
     generated_tokens: int = 0
     finished_requests: int = 0
-    prefill_seconds: float = 0.0  # wall time of prefill forward passes (incl. sampling)
-    decode_seconds: float = 0.0
+    prefill_seconds: float = 0.0  # wall time of prefill passes, decode tokens riding along included
+    decode_seconds: float = 0.0  # wall time of decode-only passes (forward and sampling)
     decode_steps: int = 0
+    decode_tokens: int = 0  # tokens sampled by decode-only passes
     decode_kv_tokens: int = 0  # KV entries attended over all decode steps (what decode reads)
 
     @property
@@ -117,6 +122,7 @@ class Scheduler:
         batch = self._prefill_batch() or self._decode_batch()
         if batch is None:
             return []
+        prefilling = [r.is_prefilling for r in batch.reqs]
         start = time.perf_counter()
         next_ids = self.engine.forward(batch).tolist()
         elapsed = time.perf_counter() - start
@@ -124,12 +130,14 @@ class Scheduler:
             req.device_len += n
         if batch.is_prefill:
             self.stats.prefill_seconds += elapsed
-            self.stats.prefill_tokens += sum(batch.extend_lens)
-            for req in batch.reqs:
-                self.cache_manager.commit(req, finished=False)
+            self.stats.prefill_tokens += sum(n for n, p in zip(batch.extend_lens, prefilling) if p)
+            for req, p in zip(batch.reqs, prefilling):
+                if p:
+                    self.cache_manager.commit(req, finished=False)
         else:
             self.stats.decode_seconds += elapsed
             self.stats.decode_steps += 1
+            self.stats.decode_tokens += len(batch.reqs)
             self.stats.decode_kv_tokens += sum(r.device_len for r in batch.reqs)
         outputs = []
         for req, token in zip(batch.sampling_reqs, next_ids):
@@ -149,6 +157,8 @@ class Scheduler:
             self.stats.cached_tokens += req.cached_prompt_tokens
         if not reqs:
             return None
+        decoding = [r for r in self.running if not r.is_prefilling]
+        reqs, lens = reqs + decoding, lens + [1] * len(decoding)
         self.cache_manager.allocate(reqs, [r.device_len + n for r, n in zip(reqs, lens)])
         return Batch.build(reqs, lens, True, self.engine.table.page_table)
 
