@@ -9,7 +9,7 @@ Run: python -m benchmarks.hardware_peak
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

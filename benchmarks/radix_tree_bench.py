@@ -91,10 +91,10 @@ def bench(target_nodes: int) -> dict[str, float]:
     num_evicts = min(TIMED_OPS, cache.size_info.evictable // (2 * EVICT_TOKENS))
     evict_us = per_op_us([lambda: cache.evict(EVICT_TOKENS)] * num_evicts)
     cache.check_integrity()
-    return dict(
-        nodes=nodes, tokens=tokens, build_s=build_s, match_len=depth,
-        match_us=match_us, insert_us=insert_us, evict_us=evict_us, scan_us=scan_us,
-    )
+    return {
+        "nodes": nodes, "tokens": tokens, "build_s": build_s, "match_len": depth,
+        "match_us": match_us, "insert_us": insert_us, "evict_us": evict_us, "scan_us": scan_us,
+    }
 
 
 def bench_long_prompt(length: int = 4000) -> float:

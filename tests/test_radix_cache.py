@@ -79,7 +79,7 @@ def test_insert_then_match() -> None:
 
 def test_insert_reports_cached_len_and_keeps_tree_slots() -> None:
     cache = RadixPrefixCache("cpu")
-    insert(cache, [1, 2, 3], range(0, 3))
+    insert(cache, [1, 2, 3], range(3))
     # The caller computed the whole prompt again into slots 10..14; the tree keeps its own copy of
     # the first 3 tokens (the caller frees 10..12) and takes ownership of 13, 14.
     result = insert(cache, [1, 2, 3, 4, 5], range(10, 15))

@@ -10,17 +10,17 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
 
 VOCAB = 512
-_COMMON = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=1024,
-    eos_token_id=1,
-    bos_token_id=0,
-)
+_COMMON = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+    "eos_token_id": 1,
+    "bos_token_id": 0,
+}
 CONFIGS = {
     "llama": lambda: LlamaConfig(**_COMMON, head_dim=16, tie_word_embeddings=True),
     "qwen2": lambda: Qwen2Config(**_COMMON),

@@ -34,8 +34,8 @@ MAX_PADDING_COST = 1.5
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: object) -> torch.Tensor:
     """SDPA on [tokens, heads, dim] inputs. 4-D views matter: on CPU a masked 3-D call takes the
     slow math path instead of the flash kernel."""
-    args = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-    return F.scaled_dot_product_attention(*args, enable_gqa=True, **kw)[0].transpose(0, 1)  # type: ignore[arg-type]
+    q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    return F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True, **kw)[0].transpose(0, 1)  # type: ignore[arg-type]
 
 
 def _key_bias(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -71,7 +71,7 @@ class _CachedPrefill:
     rows: torch.Tensor  # their rows in the pass's tokens
 
     @classmethod
-    def build(cls, page_table: torch.Tensor, starts: list[int], new_lens: list[int], prefixes: list[int], rows: list[int]) -> "_CachedPrefill":
+    def build(cls, page_table: torch.Tensor, starts: list[int], new_lens: list[int], prefixes: list[int], rows: list[int]) -> _CachedPrefill:
         """``starts``: each request's first row in the pass's tokens; ``rows``: its page-table row."""
         device = page_table.device
         start_t, new_t, prefix_t = (torch.tensor(x, device=device) for x in (starts, new_lens, prefixes))
@@ -148,7 +148,7 @@ class _SharedRuns:
     num_groups: int
 
     @classmethod
-    def build(cls, groups: list[tuple[list[int], torch.Tensor]], dtype: torch.dtype) -> "_SharedRuns":
+    def build(cls, groups: list[tuple[list[int], torch.Tensor]], dtype: torch.dtype) -> _SharedRuns:
         """``groups``: (member batch indices, shared slots) of each group."""
         device = groups[0][1].device
         max_members = max(len(m) for m, _ in groups)
@@ -259,8 +259,8 @@ class TorchAttentionBackend(AttentionBackend):
         slot_rows = self.page_table[rows, : int(kv_lens.max())]
         groups = _shared_groups(slot_rows, kv_lens)
         starts = torch.zeros_like(kv_lens)
-        for members, shared in groups:
-            starts[members] = shared
+        for members, run_len in groups:
+            starts[members] = run_len
         # Each request's own part: from its shared run's end (or 0) to its length, left-aligned.
         own_lens = kv_lens - starts
         max_len = int(own_lens.max())

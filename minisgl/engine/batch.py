@@ -21,7 +21,7 @@ class Batch:
     sampling_reqs: list[Req]  # the requests those rows belong to, in order
 
     @classmethod
-    def build(cls, reqs: list[Req], extend_lens: list[int], is_prefill: bool, page_table: torch.Tensor) -> "Batch":
+    def build(cls, reqs: list[Req], extend_lens: list[int], is_prefill: bool, page_table: torch.Tensor) -> Batch:
         device = page_table.device
         ids: list[int] = []
         rows: list[int] = []

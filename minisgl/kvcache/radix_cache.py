@@ -26,7 +26,7 @@ _NO_TOKENS = np.empty(0, dtype=np.int64)
 
 
 class _Node:
-    __slots__ = ("key", "value", "parent", "children", "ref_count", "timestamp", "namespace")
+    __slots__ = ("children", "key", "namespace", "parent", "ref_count", "timestamp", "value")
 
     def __init__(
         self,
@@ -48,7 +48,7 @@ class _Node:
 class RadixHandle(CacheHandle):
     """Points at a node; the matched prefix is the path from its namespace's root down to it."""
 
-    __slots__ = ("cached_len", "node", "_device")
+    __slots__ = ("_device", "cached_len", "node")
 
     def __init__(self, node: _Node, cached_len: int, device: torch.device) -> None:
         self.node = node

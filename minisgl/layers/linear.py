@@ -86,7 +86,6 @@ class Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-
 def pack_weights(model: nn.Module) -> None:
     """On CPU with oneDNN: replace every ``Linear``'s weight by its packed copy (same values).
     A tied LM head gets its own copy; the embedding keeps the plain one for lookups."""

@@ -27,14 +27,14 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = field(default=())
 
     @classmethod
-    def from_folder(cls, folder: Path) -> "ModelConfig":
+    def from_folder(cls, folder: Path) -> ModelConfig:
         path = folder / "config.json"
         if not path.is_file():
             raise ValueError(f"{folder} has no config.json: not a Hugging Face model folder")
         return cls.from_dict(json.loads(path.read_text()))
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
         archs = cfg.get("architectures") or []
         if not archs:
             raise ValueError("config.json names no architecture ('architectures' is missing)")

@@ -67,7 +67,7 @@ class Scheduler:
         self.eos_ids = frozenset(eos)
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> "Scheduler":
+    def from_config(cls, config: EngineConfig) -> Scheduler:
         path = resolve_model_path(config.model)
         engine = Engine(config, path)  # validates config.json before the tokenizer is looked at
         return cls(engine, config, AutoTokenizer.from_pretrained(str(path)))
