@@ -181,10 +181,18 @@ class _DecodeContext:
         shape = (self.batch, self.max_len, num_kv, dim)
         ki = self.pool.k[layer_id].index_select(0, self.kv_slots.view(-1)).view(shape).transpose(1, 2)
         vi = self.pool.v[layer_id].index_select(0, self.kv_slots.view(-1)).view(shape).transpose(1, 2)
-        if self.shared is None:
-            return F.scaled_dot_product_attention(q.unsqueeze(2), ki, vi, attn_mask=self.bias, enable_gqa=True).flatten(1)
         # Queries as [batch, kv_heads, heads per kv head, dim], so GQA needs no copy of K/V.
         qg = q.view(self.batch, num_kv, -1, dim)
+        if self.shared is None:
+            if q.dtype == torch.float32 or q.device.type != "cpu":
+                return F.scaled_dot_product_attention(q.unsqueeze(2), ki, vi, attn_mask=self.bias, enable_gqa=True).flatten(1)
+            # bf16 on CPU: SDPA's GQA path ran 7-14x slower than two matmuls and a softmax on
+            # 32 x 64 to 8 x 2000 decode shapes (it copies K/V per query head, then a slow bf16
+            # kernel). In fp32 its flash kernel wins at long contexts, so fp32 keeps it.
+            scores = torch.matmul(qg, ki.transpose(-1, -2)) * dim**-0.5
+            if self.bias is not None:
+                scores = scores + self.bias
+            return torch.matmul(torch.softmax(scores, dim=-1), vi).flatten(1)
         out, lse = _attention_with_lse(qg, ki, vi, self.bias)
         # All groups' members' queries against their group's shared run, in one call.
         s, per_kv = self.shared, qg.shape[2]
