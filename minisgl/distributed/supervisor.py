@@ -64,7 +64,7 @@ class RankSupervisor:
         ctx = mp.get_context("spawn")
         level = logging.getLogger("minisgl").getEffectiveLevel()
         first = config.node_rank * config.tp_per_node
-        processes = {}
+        processes: dict[int, BaseProcess] = {}
         for rank in range(first + 1, first + config.tp_per_node):
             p = ctx.Process(
                 target=run_worker,

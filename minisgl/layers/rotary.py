@@ -26,6 +26,9 @@ class RotaryEmbedding(nn.Module):
     """Rotate-half RoPE with a cos/sin table precomputed for every position, so a forward pass
     only indexes it. Same arithmetic as Hugging Face's, hence bit-identical in fp32."""
 
+    cos: torch.Tensor  # [max_positions, head_dim], registered as buffers so .to(device) moves them
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, max_positions: int, base: float, scaling: dict[str, Any] | None) -> None:
         super().__init__()
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
