@@ -110,19 +110,21 @@ def test_full_harness_on_a_tiny_model(tmp_path: Path) -> None:
         assert 0.0 <= r["hit_rate"] <= r["best_hit_rate"] <= 1.0, r
         assert r["duration_s"] > 0 and r["output_tokens_per_s"] > 0
         assert 0.0 <= r["agreement"]["identical"] <= 1.0
-        assert r["others_cpu_s"] is None or r["others_cpu_s"] >= 0.0
+        assert isinstance(r["others_cpu_s"], float), r  # measured for every row on Linux
     assert runs[("offline", "minisgl", "shared-prefix")]["hit_rate"] > 0.3
     assert runs[("offline", "minisgl", "multi-turn")]["hit_rate"] > 0.3
     for mode, system in [("offline", "minisgl-naive"), ("offline", "hf"), ("offline", "hf-batch")]:
         assert runs[(mode, system, "shared-prefix")]["hit_rate"] == 0.0
     assert runs[("offline", "minisgl", "random")]["best_hit_rate"] < 0.2
-    assert runs[("offline", "minisgl", "shared-prefix")]["agreement"]["identical"] == 1.0  # the reference itself
+    # Greedy fp32: the naive cache and transformers give the reference's tokens exactly.
+    for system in ("minisgl-naive", "hf"):
+        assert runs[("offline", system, "shared-prefix")]["agreement"]["identical"] == 1.0, system
 
     if online != "none":
         served = runs[("online", "minisgl", "shared-prefix")]
         assert served["hit_rate"] > 0.3
-        for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
-            assert served["latency"][key]["p50"] is None or served["latency"][key]["p50"] >= 0
+        for key in ("ttft_s", "e2e_s"):
+            assert served["latency"][key]["p50"] > 0, key
         assert len(served["ttft_s"]) == served["requests"] and all(t > 0 for t in served["ttft_s"])
         assert served["latency"]["e2e_s"]["p99"] >= served["latency"]["ttft_s"]["p50"]
         # The server's /metrics counters saw the same prompt tokens the responses reported.

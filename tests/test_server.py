@@ -452,3 +452,20 @@ def test_scheduler_exits_when_front_end_dies(tmp_path: Path) -> None:
         _wait_dead(scheduler_pid)
     finally:
         stop_server(srv)
+
+
+def test_model_that_fails_to_load_exits_1_with_the_reason(tmp_path: Path) -> None:
+    from tiny_models import build_tiny_model
+
+    folder = build_tiny_model("llama", tmp_path)
+    for weights in folder.glob("*.safetensors"):
+        weights.write_bytes(b"not safetensors")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "minisgl", "serve", "--model", str(folder), "--port", str(port)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "scheduler process exited" in proc.stderr

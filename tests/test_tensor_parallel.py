@@ -54,14 +54,12 @@ def tokens(llm: LLM, prompts: list[list[int]], params: SamplingParams = GREEDY) 
 
 
 def assert_ranks_agree(llm: LLM, kv_heads: list[int]) -> None:
-    """Rank 0's accounting balances, and every rank wrote the same KV slots in the same steps."""
+    """Rank 0's accounting balances, and every rank wrote the same KV slots in the same steps
+    (``check_ranks`` raises if any rank's slots, checksum, steps or tokens differ from rank 0's)."""
     assert_idle_balanced(llm)  # runs check_ranks through check_accounting too
     reports = llm.scheduler.engine.check_ranks()
     assert [r["kv_heads"] for r in reports] == kv_heads
     assert reports[0]["slots_written"] > 0
-    for r in reports[1:]:
-        for key in ("num_slots", "slots_written", "written_checksum", "steps", "tokens"):
-            assert r[key] == reports[0][key], reports
 
 
 # -- sharding arithmetic ---------------------------------------------------------------------------

@@ -71,9 +71,10 @@ class _CachedPrefill:
     rows: torch.Tensor  # their rows in the pass's tokens
 
     @classmethod
-    def build(cls, page_table: torch.Tensor, starts: list[int], new_lens: list[int], prefixes: list[int], rows: list[int]) -> _CachedPrefill:
-        """``starts``: each request's first row in the pass's tokens; ``rows``: its page-table row."""
+    def build(cls, page_table: torch.Tensor, reqs: list[tuple[int, int, int, int]]) -> _CachedPrefill:
+        """``reqs``: (first row in the pass's tokens, new tokens, cached prefix, page-table row) each."""
         device = page_table.device
+        starts, new_lens, prefixes, rows = (list(column) for column in zip(*reqs))
         start_t, new_t, prefix_t = (torch.tensor(x, device=device) for x in (starts, new_lens, prefixes))
         max_new, max_kv = max(new_lens), max(p + n for p, n in zip(prefixes, new_lens))
         i = torch.arange(max_new, device=device)
@@ -256,7 +257,7 @@ class TorchAttentionBackend(AttentionBackend):
                 extending.append((q_start, n, req.device_len, req.row))
             q_start += n
         buckets = _padding_buckets([e[1] for e in extending], [e[1] + e[2] for e in extending])
-        cached = [_CachedPrefill.build(self.page_table, *(list(x) for x in zip(*(extending[i] for i in b)))) for b in buckets]
+        cached = [_CachedPrefill.build(self.page_table, [extending[i] for i in b]) for b in buckets]
         return _PrefillContext(self.pool, batch.out_slots, fresh, cached)
 
     def prepare(self, batch: Batch) -> _PrefillContext | _DecodeContext:

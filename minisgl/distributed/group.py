@@ -67,10 +67,6 @@ def local_init_method() -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-def init_method_for(config: EngineConfig) -> str:
-    return f"tcp://{config.dist_init_addr}" if config.dist_init_addr else local_init_method()
-
-
 def rank_device(config: EngineConfig, local_rank: int) -> torch.device:
     device = config.torch_device
     if device.type == "cuda":

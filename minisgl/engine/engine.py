@@ -115,10 +115,12 @@ class Engine:
         Empty without tensor parallelism."""
         if self.tp is None:
             return []
+        from minisgl.distributed.sync import REPORT_FIELDS
+
         assert self.supervisor is not None and self.sync is not None, "only rank 0 checks the ranks"
         with self.supervisor.guard():
             reports = self.sync.check()
-        keys = ("num_slots", "slots_written", "written_checksum", "steps", "tokens")
+        keys = [k for k in REPORT_FIELDS if k != "kv_heads"]  # a rank's KV heads may differ
         for rank, report in enumerate(reports):
             assert all(report[k] == reports[0][k] for k in keys), f"rank {rank} diverged from rank 0: {reports}"
         return reports

@@ -48,6 +48,8 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     """Run until SIGINT/SIGTERM (exit 0) or until the scheduler process dies (exit 1)."""
+    level = getattr(logging, args.log_level.upper())
+    logging.getLogger("minisgl").setLevel(level)
     sock = _bind(args.host, args.port)  # before the model loads: a busy port fails in a second, not after it
     # Resolve (and for GGUF, convert) once here, so the scheduler process finds a plain folder.
     path = resolve_model_path(config.model)
@@ -58,8 +60,6 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     def on_engine_death() -> None:
         server.should_exit = True
 
-    level = getattr(logging, args.log_level.upper())
-    logging.getLogger("minisgl").setLevel(level)
     client = EngineClient(config, on_engine_death, level)
     ctx = ServerContext(
         client=client,
@@ -80,9 +80,9 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
         server.run(sockets=[sock])
     except KeyboardInterrupt:
         pass
+    except SystemExit:  # uvicorn's exit when start-up failed (the model did not load); the log says why
+        return 1
     if client.dead:
         logger.error("exiting because the scheduler process died")
         return 1
-    if not server.started:
-        return 1  # start-up failed (the model did not load); the log says why
     return 0
