@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         config = config_from_args(args)
         if config.node_rank > 0:  # another node of a multi-node group: its ranks only
-            from minisgl.distributed.worker import run_node
+            from minisgl.parallel.runner import run_node
 
             run_node(config)
             return

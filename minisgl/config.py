@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minisgl.attention.base import backend_names
-from minisgl.kvcache.base import cache_types
+from minisgl.attention.registry import ATTENTION_BACKENDS
+from minisgl.kvcache.registry import PREFIX_CACHES
 
 
 @dataclass
@@ -43,10 +43,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_page_override is not None and self.num_page_override < 1:
             raise ValueError(f"num_page_override must be >= 1, got {self.num_page_override}")
-        if self.cache_type not in cache_types():
-            raise ValueError(f"unknown cache_type {self.cache_type!r}; choose one of {cache_types()}")
-        if self.attention_backend not in backend_names():
-            raise ValueError(f"unknown attention backend {self.attention_backend!r}; choose one of {backend_names()}")
+        PREFIX_CACHES.get(self.cache_type)  # raises ValueError naming the choices
+        ATTENTION_BACKENDS.get(self.attention_backend)
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(f"schedule_policy must be lpm or fcfs, got {self.schedule_policy!r}")
         for name in ("tp_size", "nnodes"):

@@ -9,8 +9,11 @@ from typing import Any
 from tqdm import tqdm
 
 from minisgl.config import EngineConfig
-from minisgl.sampling import SamplingParams, cut_at_stop
+from minisgl.request import Req
+from minisgl.sampling import SamplingParams
 from minisgl.scheduler.scheduler import Scheduler
+from minisgl.text.chat import render_chat
+from minisgl.text.detokenizer import detokenize
 
 Prompt = str | list[int]
 Message = dict[str, str]
@@ -73,15 +76,11 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def apply_chat_template(self, conversation: Sequence[Message]) -> list[int]:
-        if not conversation:
-            raise ValueError("conversation has no messages")
-        text = self.tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return render_chat(self.tokenizer, conversation)
 
-    def _result(self, req: Any) -> dict[str, Any]:
-        text = self.tokenizer.decode(req.output_ids, skip_special_tokens=True)
+    def _result(self, req: Req) -> dict[str, Any]:
         return {
-            "text": cut_at_stop(text, req.params.stop) if req.params.stop else text,
+            "text": detokenize(self.tokenizer, req.output_ids, req.params.stop),
             "token_ids": req.output_ids,
             "meta": {
                 "prompt_tokens": req.prompt_len,
@@ -95,20 +94,12 @@ class LLM:
         self.scheduler.flush_cache()
 
     def stats(self) -> dict[str, Any]:
-        s = self.scheduler.stats
-        return {
-            "prompt_tokens": s.prompt_tokens,
-            "cached_tokens": s.cached_tokens,
-            "prefill_tokens": s.prefill_tokens,
-            "generated_tokens": s.generated_tokens,
-            "hit_rate": s.hit_rate,
-            **{f"kv_{k}": v for k, v in self.scheduler.kv_usage().items()},
-        }
+        """Token counters (prompt, cached, computed, generated), ``hit_rate``, timings, queue
+        lengths and the KV pool by state (``kv_free``, ``kv_evictable``, ...)."""
+        return self.scheduler.snapshot().as_dict()
 
     def shutdown(self) -> None:
         """Abort anything still queued and release the engine's memory. Safe to call twice."""
         scheduler = self.__dict__.pop("scheduler", None)
         if scheduler is not None:
-            for req in list(scheduler.waiting) + list(scheduler.running):
-                scheduler.abort(req.rid)
-            scheduler.engine.shutdown()  # tensor parallelism: stops the other ranks
+            scheduler.shutdown()

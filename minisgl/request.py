@@ -8,6 +8,7 @@ import torch
 
 from minisgl.kvcache.base import CacheHandle
 from minisgl.sampling import SamplingParams
+from minisgl.text.detokenizer import IncrementalDetokenizer
 
 
 @dataclass(eq=False)
@@ -33,6 +34,7 @@ class Req:
     allocated_len: int = 0
     cached_prompt_tokens: int = 0  # prompt tokens reused from the cache (reported to the user)
     finish_reason: str | None = None
+    stop_text: IncrementalDetokenizer | None = None  # the output's text, to find stop strings (if any)
 
     def __post_init__(self) -> None:
         self.prompt_len = len(self.token_ids)

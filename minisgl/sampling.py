@@ -66,6 +66,14 @@ def _filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return logits
 
 
+@dataclass
+class SamplingRows:
+    """Per sampled row of a batch: its parameters and its request's generator (None: greedy or unseeded)."""
+
+    params: list[SamplingParams] = field(default_factory=list)
+    generators: list[torch.Generator | None] = field(default_factory=list)
+
+
 class Sampler:
     """Samples one token per row. Greedy rows are one batched argmax; other rows draw from their own
     generator so that a seeded request is reproducible whatever batch it lands in."""
@@ -79,25 +87,15 @@ class Sampler:
             return None
         return torch.Generator().manual_seed(params.seed)
 
-    def sample(
-        self,
-        logits: torch.Tensor,
-        params: list[SamplingParams],
-        generators: list[torch.Generator | None],
-    ) -> torch.Tensor:
+    def sample(self, logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
         """``logits``: [batch, vocab] → next token ids [batch] (int64, on the CPU)."""
         next_ids = torch.argmax(logits, dim=-1).cpu()
-        sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
+        sampled_rows = [i for i, p in enumerate(rows.params) if not p.greedy]
         if sampled_rows:
-            rows = logits[sampled_rows].float().cpu()
-            for row, i in zip(rows, sampled_rows):
-                probs = torch.softmax(_filter_logits(row, params[i]), dim=-1)
-                generator = generators[i] or self._default_generator
+            picked = logits[sampled_rows].float().cpu()
+            for row, i in zip(picked, sampled_rows):
+                probs = torch.softmax(_filter_logits(row, rows.params[i]), dim=-1)
+                generator = rows.generators[i] or self._default_generator
                 next_ids[i] = torch.multinomial(probs, 1, generator=generator)[0]
         return next_ids
 
-
-def cut_at_stop(text: str, stop: list[str]) -> str:
-    """The text before the first stop string (stop strings are not part of the output)."""
-    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
-    return text[:cut]

@@ -1,16 +1,16 @@
-"""The torch attention backend against plain softmax attention computed request by request."""
+"""Every attention strategy, driven with hand-built batches (no scheduler, no requests) against
+plain softmax attention computed request by request."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from minisgl.attention.base import create_backend
-from minisgl.attention.torch_backend import MIN_SHARED_PREFIX, _padding_buckets, _shared_groups
-from minisgl.engine.batch import Batch
+from minisgl.attention.decode import MIN_SHARED_PREFIX, CascadeDecode, MatmulDecode, SdpaDecode, shared_groups
+from minisgl.attention.prefill import CachedPrefill, FreshPrefill, PrefillAttention, SingleFreshPrefill, padding_buckets
+from minisgl.attention.registry import create_backend
+from minisgl.batch import Batch
 from minisgl.kvcache.pool import KVPool
-from minisgl.request import Req
-from minisgl.sampling import SamplingParams
 
 HEADS, KV_HEADS, DIM, SLOTS = 6, 2, 16, 4096
 
@@ -23,33 +23,60 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return torch.einsum("hl,lhd->hd", torch.softmax(scores, dim=-1), v).flatten()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("layout", ["shared", "mixed", "private"])
-def test_decode_matches_reference(layout: str, dtype: torch.dtype) -> None:
-    g = torch.Generator().manual_seed(0)
+def random_pool(dtype: torch.dtype, g: torch.Generator) -> KVPool:
     pool = KVPool(1, SLOTS, 1, KV_HEADS, DIM, dtype, torch.device("cpu"))
     pool.k.normal_(generator=g)
     pool.v.normal_(generator=g)
+    return pool
+
+
+def hand_built_batch(table: torch.Tensor, prefix_lens: list[int], extend_lens: list[int], is_prefill: bool) -> Batch:
+    """Request i uses page-table row i: ``extend_lens[i]`` new tokens after ``prefix_lens[i]`` in the pool."""
+    positions = torch.cat([torch.arange(p, p + n) for p, n in zip(prefix_lens, extend_lens)])
+    token_rows = torch.repeat_interleave(torch.arange(len(extend_lens)), torch.tensor(extend_lens))
+    return Batch(
+        is_prefill=is_prefill,
+        input_ids=torch.zeros(len(positions), dtype=torch.int64),
+        positions=positions,
+        out_slots=table[token_rows, positions],
+        table_rows=torch.arange(len(extend_lens)),
+        prefix_lens=torch.tensor(prefix_lens),
+        extend_lens=torch.tensor(extend_lens),
+        sample_rows=torch.cumsum(torch.tensor(extend_lens), 0) - 1,
+    )
+
+
+# (layout of shared KV runs, dtype) → the decode strategy the backend must choose.
+@pytest.mark.parametrize(
+    "layout, dtype, strategy",
+    [
+        ("private", torch.float32, SdpaDecode),
+        ("private", torch.bfloat16, MatmulDecode),
+        ("shared", torch.float32, CascadeDecode),
+        ("mixed", torch.float32, CascadeDecode),
+        ("shared", torch.bfloat16, CascadeDecode),
+        ("mixed", torch.bfloat16, CascadeDecode),
+    ],
+)
+def test_decode_strategies_match_reference(layout: str, dtype: torch.dtype, strategy: type) -> None:
+    g = torch.Generator().manual_seed(0)
+    pool = random_pool(dtype, g)
     table = torch.zeros(8, 512, dtype=torch.int64)
     free = torch.randperm(SLOTS, generator=g)
     prefix_a, prefix_b = free[:200], free[200:300]
     used = 300
     lens = [230, 201, 260, 150, 101, 90, 300, 120]
-    reqs = []
     for row, n in enumerate(lens):
         shared = {"shared": prefix_a, "mixed": (prefix_a if row < 3 else prefix_b if row < 6 else free[:0]), "private": free[:0]}[layout]
         shared = shared[: n - 1]
         own = free[used : used + n - len(shared)]
         used += len(own)
         table[row, :n] = torch.cat([shared, own])
-        req = Req(row, [0] * n, SamplingParams())
-        req.row, req.device_len = row, n - 1
-        reqs.append(req)
     backend = create_backend("torch", pool, table, HEADS, KV_HEADS, DIM)
-    batch = Batch.build(reqs, [1] * len(reqs), False, table)
+    batch = hand_built_batch(table, [n - 1 for n in lens], [1] * len(lens), is_prefill=False)
     ctx = backend.prepare(batch)
-    assert (ctx.shared is not None) == (layout != "private")
-    q, new_k, new_v = (torch.randn(len(reqs), h, DIM, generator=g).to(dtype) for h in (HEADS, KV_HEADS, KV_HEADS))
+    assert type(ctx) is strategy
+    q, new_k, new_v = (torch.randn(len(lens), h, DIM, generator=g).to(dtype) for h in (HEADS, KV_HEADS, KV_HEADS))
     out = ctx.attend(0, q, new_k, new_v)
     assert out.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 2e-2
@@ -65,40 +92,46 @@ def test_shared_groups_need_a_long_common_run() -> None:
     rows = torch.arange(400).repeat(4, 1)
     rows[2, MIN_SHARED_PREFIX - 1 :] += 1000  # shares one slot too few with the others
     lens = torch.tensor([300, 350, 300, 120])
-    groups = _shared_groups(rows, lens)
+    groups = shared_groups(rows, lens)
     assert groups == [([0, 1, 3], 119)]
 
 
 def test_padding_buckets_keep_one_long_extension_apart() -> None:
     new_lens = [30, 31, 128, 29, 32]
-    buckets = _padding_buckets(new_lens, [n + 512 for n in new_lens])
+    buckets = padding_buckets(new_lens, [n + 512 for n in new_lens])
     assert sorted(map(sorted, buckets)) == [[0, 1, 3, 4], [2]]
-    assert _padding_buckets([1] * 4, [100, 3000, 110, 2900]) == [[0, 2], [3, 1]]
+    assert padding_buckets([1] * 4, [100, 3000, 110, 2900]) == [[0, 2], [3, 1]]
 
 
-# (cached prefix, new tokens) per request, and the padded calls the prefix-extending ones need.
+# (prefix already in the pool, new tokens) per request, and the parts the backend must build: how
+# many requests attend their fresh K/V directly, and how many padded calls the extending ones need.
 @pytest.mark.parametrize(
-    "shapes, calls", [([(0, 20), (100, 7), (0, 5), (37, 40)], 2), ([(150, 3), (10, 60), (150, 4), (0, 9), (3, 1)], 3)]
+    "shapes, fresh, calls",
+    [
+        ([(0, 20), (100, 7), (0, 5), (37, 40)], 2, 2),
+        ([(150, 3), (10, 60), (150, 4), (0, 9), (3, 1)], 1, 3),
+        ([(64, 12), (5, 1)], 0, 2),
+        ([(0, 33)], 1, 0),
+    ],
 )
-def test_prefill_with_and_without_cached_prefix_matches_reference(shapes: list[tuple[int, int]], calls: int) -> None:
+def test_prefill_strategies_match_reference(shapes: list[tuple[int, int]], fresh: int, calls: int) -> None:
     g = torch.Generator().manual_seed(1)
-    pool = KVPool(1, SLOTS, 1, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
-    pool.k.normal_(generator=g)
-    pool.v.normal_(generator=g)
+    pool = random_pool(torch.float32, g)
     table = torch.randperm(SLOTS, generator=g)[: len(shapes) * 256].view(len(shapes), 256).clone()
-    reqs = []
-    for row, (prefix, n) in enumerate(shapes):
-        req = Req(row, [0] * (prefix + n), SamplingParams())
-        req.row, req.device_len = row, prefix
-        reqs.append(req)
     backend = create_backend("torch", pool, table, HEADS, KV_HEADS, DIM)
-    batch = Batch.build(reqs, [n for _, n in shapes], True, table)
+    batch = hand_built_batch(table, [p for p, _ in shapes], [n for _, n in shapes], is_prefill=True)
     tokens = sum(n for _, n in shapes)
     q = torch.randn(tokens, HEADS, DIM, generator=g)
     k = torch.randn(tokens, KV_HEADS, DIM, generator=g)
     v = torch.randn(tokens, KV_HEADS, DIM, generator=g)
     ctx = backend.prepare(batch)
-    assert len(ctx.cached) == calls
+    if len(shapes) == 1 and shapes[0][0] == 0:
+        assert isinstance(ctx, SingleFreshPrefill)
+    else:
+        assert isinstance(ctx, PrefillAttention)
+        runs = [run for p in ctx.parts if isinstance(p, FreshPrefill) for run in p.runs]
+        assert len(runs) == fresh
+        assert sum(isinstance(p, CachedPrefill) for p in ctx.parts) == calls
     out = ctx.attend(0, q, k, v)
     row = 0
     for r, (prefix, n) in enumerate(shapes):
@@ -107,3 +140,4 @@ def test_prefill_with_and_without_cached_prefix_matches_reference(shapes: list[t
             expected = reference(q[row], pool.k[0][slots], pool.v[0][slots])
             torch.testing.assert_close(out[row], expected, rtol=1e-5, atol=1e-5)
             row += 1
+    torch.testing.assert_close(pool.v[0][batch.out_slots], v)

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from minisgl.kernels.ops import fast_compare_key
-from minisgl.kvcache.base import CacheHandle, create_prefix_cache
+from minisgl.kvcache.base import CacheHandle
 from minisgl.kvcache.radix_cache import RadixPrefixCache
+from minisgl.kvcache.registry import create_prefix_cache
 
 
 def t(values: list[int] | range) -> torch.Tensor:

@@ -57,7 +57,7 @@ def assert_ranks_agree(llm: LLM, kv_heads: list[int]) -> None:
     """Rank 0's accounting balances, and every rank wrote the same KV slots in the same steps
     (``check_ranks`` raises if any rank's slots, checksum, steps or tokens differ from rank 0's)."""
     assert_idle_balanced(llm)  # runs check_ranks through check_accounting too
-    reports = llm.scheduler.engine.check_ranks()
+    reports = llm.scheduler.runner.check_ranks()
     assert [r["kv_heads"] for r in reports] == kv_heads
     assert reports[0]["slots_written"] > 0
 
@@ -150,7 +150,7 @@ def test_tiny_qwen3_tp2_matches_tp1_with_chunks_pages_and_cache_hits(tiny_qwen3:
 def test_killed_rank_raises_instead_of_hanging(tiny_qwen3: Path, when: str) -> None:
     llm = call_with_limit(lambda: LLM(str(tiny_qwen3), tp_size=2, num_page_override=2048, device="cpu"))
     try:
-        pid = llm.scheduler.engine.supervisor.pids[1]
+        pid = llm.scheduler.runner.supervisor.pids[1]
         long = SamplingParams(max_tokens=400, ignore_eos=True)
         if when == "idle":
             os.kill(pid, signal.SIGKILL)
@@ -183,7 +183,7 @@ def test_ranks_exit_when_rank_0_dies(tiny_qwen3: Path) -> None:
         if __name__ == "__main__":
             llm = LLM({str(tiny_qwen3)!r}, tp_size=2, num_page_override=256, device="cpu")
             llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2), use_tqdm=False)
-            print(llm.scheduler.engine.supervisor.pids[1], flush=True)
+            print(llm.scheduler.runner.supervisor.pids[1], flush=True)
             os.kill(os.getpid(), 9)
         """
     )

@@ -12,7 +12,6 @@ Slots under a locked handle are never evicted.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -89,26 +88,3 @@ class PrefixCache(ABC):
     def check_integrity(self) -> None:
         """Re-derive every counter from scratch and raise ``AssertionError`` on a mismatch."""
 
-
-_REGISTRY: dict[str, Callable[..., PrefixCache]] = {}
-
-
-def register_cache(name: str) -> Callable[[type[PrefixCache]], type[PrefixCache]]:
-    def wrap(cls: type[PrefixCache]) -> type[PrefixCache]:
-        _REGISTRY[name] = cls
-        return cls
-
-    return wrap
-
-
-def cache_types() -> list[str]:
-    # Importing the implementations registers them; done here so importing base has no side effects.
-    from minisgl.kvcache import naive_cache, radix_cache  # noqa: F401
-
-    return sorted(_REGISTRY)
-
-
-def create_prefix_cache(name: str, device: torch.device | str, page_size: int = 1) -> PrefixCache:
-    if name not in cache_types():
-        raise ValueError(f"unknown cache_type {name!r}; choose one of {cache_types()}")
-    return _REGISTRY[name](device, page_size)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from minisgl.kvcache.base import CacheHandle, InsertResult, MatchResult, PrefixCache, SizeInfo, register_cache
+from minisgl.kvcache.base import CacheHandle, InsertResult, MatchResult, PrefixCache, SizeInfo
 
 
 class _EmptyHandle(CacheHandle):
@@ -14,7 +14,6 @@ class _EmptyHandle(CacheHandle):
         return torch.empty(0, dtype=torch.int64)
 
 
-@register_cache("naive")
 class NaivePrefixCache(PrefixCache):
     shares_prefixes = False
     _EMPTY = _EmptyHandle()

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from minisgl.kernels.ops import fast_compare_key
-from minisgl.kvcache.base import CacheHandle, InsertResult, MatchResult, PrefixCache, SizeInfo, register_cache
+from minisgl.kvcache.base import CacheHandle, InsertResult, MatchResult, PrefixCache, SizeInfo
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 _NO_TOKENS = np.empty(0, dtype=np.int64)
@@ -65,7 +65,6 @@ class RadixHandle(CacheHandle):
         return torch.cat(parts).to(self._device)
 
 
-@register_cache("radix")
 class RadixPrefixCache(PrefixCache):
     def __init__(self, device: torch.device | str, page_size: int = 1) -> None:
         super().__init__(device, page_size)

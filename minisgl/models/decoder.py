@@ -7,11 +7,12 @@ each head of Q and K before RoPE).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from minisgl.batch import AttentionContext
 from minisgl.distributed.sharding import HeadShard, even_range, shard_heads
 from minisgl.layers.activation import silu_and_mul
 from minisgl.layers.embedding import VocabEmbedding
@@ -22,15 +23,6 @@ from minisgl.models.config import ModelConfig
 
 if TYPE_CHECKING:
     from minisgl.distributed.group import TPGroup
-
-
-class AttentionContext(Protocol):
-    """What a layer needs from the attention backend for the current batch."""
-
-    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """``q``: [tokens, heads, dim], ``k``/``v``: [tokens, kv_heads, dim] of the new tokens
-        (stored into the KV pool by the backend) → [tokens, heads * dim]."""
-        ...
 
 
 def local_heads(cfg: ModelConfig, tp: TPGroup | None) -> HeadShard:

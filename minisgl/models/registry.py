@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from minisgl.models.decoder import DecoderForCausalLM
+from minisgl.registry import Registry
 
 
 class LlamaForCausalLM(DecoderForCausalLM):
@@ -17,14 +18,11 @@ class Qwen3ForCausalLM(DecoderForCausalLM):
     qk_norm = True
 
 
-MODEL_REGISTRY: dict[str, type[DecoderForCausalLM]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
-}
+MODEL_REGISTRY: Registry[type[DecoderForCausalLM]] = Registry(
+    "unsupported architecture",
+    {"LlamaForCausalLM": LlamaForCausalLM, "Qwen2ForCausalLM": Qwen2ForCausalLM, "Qwen3ForCausalLM": Qwen3ForCausalLM},
+)
 
 
 def model_class(architecture: str) -> type[DecoderForCausalLM]:
-    if architecture not in MODEL_REGISTRY:
-        raise ValueError(f"unsupported architecture {architecture!r}; supported: {sorted(MODEL_REGISTRY)}")
-    return MODEL_REGISTRY[architecture]
+    return MODEL_REGISTRY.get(architecture)

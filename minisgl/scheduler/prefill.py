@@ -1,14 +1,19 @@
-"""Chooses which requests prefill next: policy order, admission, chunking, in-batch sharing."""
+"""Chooses which requests prefill next: policy order, admission, chunking, in-batch sharing.
+
+The planner decides and the scheduler applies: ``plan`` returns the requests of the next prefill
+pass with their new tokens, and which of them were admitted now (their cached prefix is locked and
+their slots reserved); it never moves requests between the scheduler's queues."""
 
 from __future__ import annotations
 
-from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 from minisgl.kernels.ops import fast_compare_key
-from minisgl.kvcache.cache_manager import CacheManager
 from minisgl.request import Req
+from minisgl.scheduler.cache_manager import CacheManager
 
 # Past this many waiting requests LPM's per-request prefix match would dominate: fall back to FCFS.
 LPM_MAX_QUEUE = 128
@@ -17,30 +22,30 @@ LPM_MAX_QUEUE = 128
 SHARED_PREFIX_MIN = 32
 
 
+@dataclass
+class PrefillPlan:
+    reqs: list[Req] = field(default_factory=list)  # continuing chunks first, then newly admitted requests
+    lens: list[int] = field(default_factory=list)  # new tokens of each this pass (only the last may be cut short)
+    admitted: list[Req] = field(default_factory=list)  # newly admitted: they move from waiting to running
+
+
 class PrefillPlanner:
     def __init__(self, cache_manager: CacheManager, policy: str, max_prefill_tokens: int) -> None:
         self.cache_manager, self.policy, self.max_prefill_tokens = cache_manager, policy, max_prefill_tokens
 
-    def _ordered(self, waiting: deque[Req]) -> list[tuple[Req, int | None]]:
-        """Waiting requests in policy order, with their cached prefix length where known."""
-        if self.policy == "lpm" and len(waiting) <= LPM_MAX_QUEUE:
-            matched = [(req, self.cache_manager.match_len(req)) for req in waiting]
-            return sorted(matched, key=lambda pair: -(pair[1] or 0))  # stable: FCFS among equals
-        return [(req, None) for req in waiting]
-
-    def plan(self, waiting: deque[Req], running: list[Req]) -> tuple[list[Req], list[int]]:
-        """Pick (requests, new tokens each) for one prefill pass; admitted requests move from
-        ``waiting`` to ``running``. Only the last request of a pass may be cut short (chunked)."""
+    def plan(self, waiting: Sequence[Req], running: Sequence[Req]) -> PrefillPlan:
+        """The next prefill pass; empty if nothing waits to be prefilled or nothing fits."""
+        plan = PrefillPlan()
         budget = self.max_prefill_tokens
-        reqs: list[Req] = []
-        lens: list[int] = []
         for req in running:  # a chunked prefill continues before anything new is admitted
             if req.is_prefilling and budget > 0:
                 n = min(req.extend_len, budget)
-                reqs.append(req)
-                lens.append(n)
+                plan.reqs.append(req)
+                plan.lens.append(n)
                 budget -= n
-        prompts = [torch.tensor(r.token_ids[: r.prompt_len]) for r in reqs]
+        if not self._can_admit(waiting, budget):  # before ordering, which matches every waiting prompt
+            return plan
+        prompts = [torch.tensor(r.token_ids[: r.prompt_len]) for r in plan.reqs]
         for req, matched in self._ordered(waiting):
             if budget <= 0 or self.cache_manager.table.num_free == 0:
                 break
@@ -51,14 +56,26 @@ class PrefillPlanner:
                     continue
             if not self.cache_manager.try_admit(req):
                 break  # conservative: later requests must not overtake one that does not fit yet
-            waiting.remove(req)
-            running.append(req)
             n = min(req.extend_len, budget)
-            reqs.append(req)
-            lens.append(n)
+            plan.admitted.append(req)
+            plan.reqs.append(req)
+            plan.lens.append(n)
             budget -= n
             prompts.append(torch.tensor(req.token_ids[: req.prompt_len]))
-        return reqs, lens
+        return plan
+
+    def _can_admit(self, waiting: Sequence[Req], budget: int) -> bool:
+        """Whether any waiting request could be admitted: a token budget, a page-table row and
+        unreserved KV slots are left."""
+        cm = self.cache_manager
+        return bool(waiting) and budget > 0 and cm.table.num_free > 0 and cm.unreserved_size > 0
+
+    def _ordered(self, waiting: Sequence[Req]) -> list[tuple[Req, int | None]]:
+        """Waiting requests in policy order, with their cached prefix length where known."""
+        if self.policy == "lpm" and len(waiting) <= LPM_MAX_QUEUE:
+            matched = [(req, self.cache_manager.match_len(req)) for req in waiting]
+            return sorted(matched, key=lambda pair: -(pair[1] or 0))  # stable: FCFS among equals
+        return [(req, None) for req in waiting]
 
     @staticmethod
     def _shares_with(req: Req, matched: int, prompts: list[torch.Tensor]) -> bool:

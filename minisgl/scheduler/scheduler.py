@@ -10,19 +10,23 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from minisgl.config import EngineConfig
-from minisgl.engine.batch import Batch
 from minisgl.engine.engine import Engine
-from minisgl.kvcache.base import create_prefix_cache
-from minisgl.kvcache.cache_manager import CacheManager, align_up
+from minisgl.engine.runner import LocalRunner, Runner
+from minisgl.kvcache.registry import create_prefix_cache
 from minisgl.models.loader import resolve_model_path
+from minisgl.parallel.runner import TensorParallelRunner
 from minisgl.request import Req
 from minisgl.sampling import Sampler, SamplingParams
-from minisgl.scheduler.prefill import PrefillPlanner
+from minisgl.scheduler.cache_manager import CacheManager, align_up
+from minisgl.scheduler.forward_pass import ForwardPass
+from minisgl.scheduler.prefill import PrefillPlan, PrefillPlanner
+from minisgl.scheduler.stats import EngineStats, StatsSnapshot
+from minisgl.text.detokenizer import IncrementalDetokenizer
 
 logger = logging.getLogger("minisgl.scheduler")
 
@@ -34,27 +38,10 @@ class TokenOutput:
     finish_reason: str | None  # None while running; "stop" | "length" | "abort" when finished
 
 
-@dataclass
-class EngineStats:
-    prompt_tokens: int = 0  # prompt tokens of every admitted request
-    cached_tokens: int = 0  # of those, reused from the prefix cache
-    prefill_tokens: int = 0  # tokens actually computed in prefill passes
-    generated_tokens: int = 0
-    finished_requests: int = 0
-    prefill_seconds: float = 0.0  # wall time of prefill passes, decode tokens riding along included
-    decode_seconds: float = 0.0  # wall time of decode-only passes (forward and sampling)
-    decode_steps: int = 0
-    decode_tokens: int = 0  # tokens sampled by decode-only passes
-    decode_kv_tokens: int = 0  # KV entries attended over all decode steps (what decode reads)
-
-    @property
-    def hit_rate(self) -> float:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-
 class Scheduler:
-    def __init__(self, engine: Engine, config: EngineConfig, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.engine, self.tokenizer = engine, tokenizer
+    def __init__(self, runner: Runner, config: EngineConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.runner, self.engine, self.tokenizer = runner, runner.engine, tokenizer
+        engine = runner.engine
         cache = create_prefix_cache(config.cache_type, engine.device, config.page_size)
         self.cache_manager = CacheManager(cache, engine.pool.num_pages, config.page_size, engine.table)
         self.planner = PrefillPlanner(self.cache_manager, config.schedule_policy, config.max_prefill_tokens)
@@ -69,8 +56,9 @@ class Scheduler:
     @classmethod
     def from_config(cls, config: EngineConfig) -> Scheduler:
         path = resolve_model_path(config.model)
-        engine = Engine(config, path)  # validates config.json before the tokenizer is looked at
-        return cls(engine, config, AutoTokenizer.from_pretrained(str(path)))
+        # The engine validates config.json before the tokenizer is looked at.
+        runner = LocalRunner(Engine(config, path)) if config.tp_size == 1 else TensorParallelRunner(config, path)
+        return cls(runner, config, AutoTokenizer.from_pretrained(str(path)))
 
     # -- requests ------------------------------------------------------------------------------
     @property
@@ -91,7 +79,14 @@ class Scheduler:
             raise ValueError(
                 f"prompt ({len(input_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context of {max_len} tokens"
             )
-        req = Req(rid, list(input_ids), params, namespace, generator=Sampler.generator_for(params))
+        req = Req(
+            rid,
+            list(input_ids),
+            params,
+            namespace,
+            generator=Sampler.generator_for(params),
+            stop_text=IncrementalDetokenizer(self.tokenizer, params.stop) if params.stop else None,
+        )
         if align_up(req.max_kv_len, self.engine.page_size) > self.cache_manager.capacity:
             raise ValueError(
                 f"request needs {req.max_kv_len} KV slots but the pool holds {self.cache_manager.capacity}"
@@ -119,72 +114,72 @@ class Scheduler:
 
     # -- the loop ------------------------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
-        batch = self._prefill_batch() or self._decode_batch()
-        if batch is None:
+        plan = self.planner.plan(self.waiting, self.running)
+        self._admit(plan)
+        work = self._prefill_pass(plan) if plan.reqs else self._decode_pass()
+        if work is None:
             return []
-        prefilling = [r.is_prefilling for r in batch.reqs]
         start = time.perf_counter()
-        next_ids = self.engine.forward(batch).tolist()
-        elapsed = time.perf_counter() - start
-        for req, n in zip(batch.reqs, batch.extend_lens):
-            req.device_len += n
-        if batch.is_prefill:
-            self.stats.prefill_seconds += elapsed
-            self.stats.prefill_tokens += sum(n for n, p in zip(batch.extend_lens, prefilling) if p)
-            for req, p in zip(batch.reqs, prefilling):
-                if p:
-                    self.cache_manager.commit(req, finished=False)
-        else:
-            self.stats.decode_seconds += elapsed
-            self.stats.decode_steps += 1
-            self.stats.decode_tokens += len(batch.reqs)
-            self.stats.decode_kv_tokens += sum(r.device_len for r in batch.reqs)
-        outputs = []
-        for req, token in zip(batch.sampling_reqs, next_ids):
-            req.token_ids.append(token)
-            self.stats.generated_tokens += 1
-            reason = self._finish_reason(req, token)
-            outputs.append(TokenOutput(req.rid, token, reason))
-            if reason is not None:
-                self._retire(req, reason)
-        return outputs
+        next_ids = self.runner.forward(work.batch).tolist()
+        self._record_pass(work, plan, time.perf_counter() - start)
+        return [self._process_token(req, token) for req, token in zip(work.sampled, next_ids)]
 
-    def _prefill_batch(self) -> Batch | None:
-        admitted_before = len(self.running)
-        reqs, lens = self.planner.plan(self.waiting, self.running)
-        for req in self.running[admitted_before:]:
+    def _admit(self, plan: PrefillPlan) -> None:
+        for req in plan.admitted:
+            self.waiting.remove(req)
+            self.running.append(req)
             self.stats.prompt_tokens += req.prompt_len
             self.stats.cached_tokens += req.cached_prompt_tokens
-        if not reqs:
-            return None
-        decoding = [r for r in self.running if not r.is_prefilling]
-        reqs, lens = reqs + decoding, lens + [1] * len(decoding)
-        self.cache_manager.allocate(reqs, [r.device_len + n for r, n in zip(reqs, lens)])
-        return Batch.build(reqs, lens, True, self.engine.table.page_table)
 
-    def _decode_batch(self) -> Batch | None:
+    def _prefill_pass(self, plan: PrefillPlan) -> ForwardPass:
+        decoding = [r for r in self.running if not r.is_prefilling]
+        reqs, lens = plan.reqs + decoding, plan.lens + [1] * len(decoding)
+        self.cache_manager.allocate(reqs, [r.device_len + n for r, n in zip(reqs, lens)])
+        return ForwardPass.build(reqs, lens, True, self.engine.table.page_table)
+
+    def _decode_pass(self) -> ForwardPass | None:
         reqs = [r for r in self.running if not r.is_prefilling]
         if not reqs:
             return None
         self.cache_manager.allocate(reqs, [r.seq_len for r in reqs])
-        return Batch.build(reqs, [1] * len(reqs), False, self.engine.table.page_table)
+        return ForwardPass.build(reqs, [1] * len(reqs), False, self.engine.table.page_table)
+
+    def _record_pass(self, work: ForwardPass, plan: PrefillPlan, elapsed: float) -> None:
+        """The KV is computed: advance every request, hand prefilled KV to the cache, count."""
+        for req, n in zip(work.reqs, work.extend_lens):
+            req.device_len += n
+        if work.batch.is_prefill:
+            self.stats.prefill_seconds += elapsed
+            self.stats.prefill_tokens += sum(plan.lens)
+            for req in plan.reqs:
+                self.cache_manager.commit(req, finished=False)
+        else:
+            self.stats.decode_seconds += elapsed
+            self.stats.decode_steps += 1
+            self.stats.decode_tokens += len(work.reqs)
+            self.stats.decode_kv_tokens += sum(r.device_len for r in work.reqs)
+
+    def _process_token(self, req: Req, token: int) -> TokenOutput:
+        """Everything done per request with its sampled token: append it, check whether the
+        request finished, retire it if so."""
+        req.token_ids.append(token)
+        self.stats.generated_tokens += 1
+        reason = self._finish_reason(req, token)
+        if reason is not None:
+            self._retire(req, reason)
+        return TokenOutput(req.rid, token, reason)
 
     def _finish_reason(self, req: Req, token: int) -> str | None:
         params = req.params
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_ids):
             return "stop"
-        if params.stop and self._ends_with_stop_string(req):
-            return "stop"
+        if req.stop_text is not None:
+            req.stop_text.push(token)
+            if req.stop_text.stopped:
+                return "stop"
         if len(req.output_ids) >= params.max_tokens:
             return "length"
         return None
-
-    def _ends_with_stop_string(self, req: Req) -> bool:
-        # A stop string of n characters spans at most ~4n tokens (byte-level pieces of one character),
-        # so decoding that tail is enough; earlier text was checked on earlier steps.
-        window = 4 * max(len(s) for s in req.params.stop) + 4
-        tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=True)
-        return any(s in tail for s in req.params.stop)
 
     def _retire(self, req: Req, reason: str) -> None:
         req.finish_reason = reason
@@ -192,7 +187,7 @@ class Scheduler:
         self.running.remove(req)
         self.stats.finished_requests += 1
 
-    # -- cache control -------------------------------------------------------------------------
+    # -- cache control, accounting, stats ------------------------------------------------------
     def flush_cache(self) -> None:
         if self.has_work:
             raise RuntimeError(
@@ -202,7 +197,7 @@ class Scheduler:
 
     def check_accounting(self) -> None:
         self.cache_manager.check_accounting(self.running)
-        self.engine.check_ranks()  # tensor parallelism: every rank's pool saw the same writes
+        self.runner.check_ranks()  # tensor parallelism: every rank's pool saw the same writes
 
     def kv_usage(self) -> dict[str, int]:
         evictable, protected = self.cache_manager.cache.size_info
@@ -214,3 +209,12 @@ class Scheduler:
             "in_use": len(self.cache_manager.owned_slots(self.running)),
             "evicted_total": self.cache_manager.evicted_tokens,
         }
+
+    def snapshot(self) -> StatsSnapshot:
+        return StatsSnapshot(replace(self.stats), len(self.running), len(self.waiting), self.kv_usage())
+
+    def shutdown(self) -> None:
+        """Abort everything still queued and stop the runner (tensor parallelism: the other ranks)."""
+        for req in list(self.waiting) + list(self.running):
+            self.abort(req.rid)
+        self.runner.shutdown()

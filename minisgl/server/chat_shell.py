@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from minisgl.llm import LLM
 from minisgl.sampling import SamplingParams
-from minisgl.server.detokenizer import IncrementalDetokenizer
+from minisgl.text.detokenizer import IncrementalDetokenizer
 
 HELP = "Commands: /reset forgets the conversation, /exit (or Ctrl-D) quits. Ctrl-C stops an answer."
 

@@ -24,6 +24,7 @@ import zmq.asyncio
 
 from minisgl.config import EngineConfig
 from minisgl.sampling import SamplingParams
+from minisgl.scheduler.stats import StatsSnapshot
 from minisgl.server.protocol import (
     Abort,
     Control,
@@ -31,7 +32,6 @@ from minisgl.server.protocol import (
     FromScheduler,
     Ready,
     Rejection,
-    Stats,
     StepOutput,
     Submit,
     Token,
@@ -57,7 +57,7 @@ class EngineClient:
     def __init__(self, config: EngineConfig, on_death: Callable[[], None], log_level: int = logging.INFO) -> None:
         self.config, self.on_death, self.log_level = config, on_death, log_level
         self.ready: Ready | None = None
-        self.stats = Stats()
+        self.stats = StatsSnapshot()
         self.dead = False
         self._rids = itertools.count()
         self._call_ids = itertools.count()
@@ -187,7 +187,7 @@ class EngineClient:
             msg = self._decoder.decode(await self._in.recv())
             if isinstance(msg, StepOutput):
                 self._route(msg)
-            elif isinstance(msg, Stats):
+            elif isinstance(msg, StatsSnapshot):
                 self.stats = msg
             elif isinstance(msg, ControlReply):
                 future = self._calls.pop(msg.call_id, None)

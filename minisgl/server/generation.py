@@ -16,11 +16,11 @@ from dataclasses import dataclass, field, replace
 from transformers import PreTrainedTokenizerBase
 
 from minisgl.sampling import SamplingParams
-from minisgl.server.detokenizer import IncrementalDetokenizer
 from minisgl.server.engine_client import Accepted, EngineClient, EngineDead, Event
 from minisgl.server.errors import ApiError
 from minisgl.server.metrics import ServerMetrics
 from minisgl.server.protocol import Rejection, Token
+from minisgl.text.detokenizer import IncrementalDetokenizer
 
 
 @dataclass

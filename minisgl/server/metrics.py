@@ -8,44 +8,44 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from minisgl.server.protocol import Stats
+from minisgl.scheduler.stats import StatsSnapshot
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class _SchedulerCollector(Collector):
-    """Renders the latest ``Stats`` pushed by the scheduler process at scrape time."""
+    """Renders the latest ``StatsSnapshot`` pushed by the scheduler process at scrape time."""
 
-    def __init__(self, stats: Callable[[], Stats]) -> None:
+    def __init__(self, stats: Callable[[], StatsSnapshot]) -> None:
         self.stats = stats
 
     def describe(self) -> list[Metric]:
         return []  # values come and go with the scheduler; nothing to pre-register
 
     def collect(self) -> Iterator[Metric]:
-        s = self.stats()
+        snapshot = self.stats()
+        s = snapshot.counters
         yield CounterMetricFamily("minisgl_prompt_tokens", "Prompt tokens of admitted requests", value=s.prompt_tokens)
         yield CounterMetricFamily(
             "minisgl_cached_tokens", "Prompt tokens reused from the prefix cache", value=s.cached_tokens
         )
         yield CounterMetricFamily("minisgl_prefill_tokens", "Tokens computed in prefill passes", value=s.prefill_tokens)
         yield CounterMetricFamily("minisgl_generated_tokens", "Tokens generated", value=s.generated_tokens)
-        hit = s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0
-        yield GaugeMetricFamily("minisgl_cache_hit_rate", "cached_tokens / prompt_tokens since start", value=hit)
-        yield GaugeMetricFamily("minisgl_running_requests", "Requests being prefilled or decoded", value=s.running)
-        yield GaugeMetricFamily("minisgl_waiting_requests", "Requests queued for admission", value=s.waiting)
+        yield GaugeMetricFamily("minisgl_cache_hit_rate", "cached_tokens / prompt_tokens since start", value=s.hit_rate)
+        yield GaugeMetricFamily("minisgl_running_requests", "Requests being prefilled or decoded", value=snapshot.running)
+        yield GaugeMetricFamily("minisgl_waiting_requests", "Requests queued for admission", value=snapshot.waiting)
         kv = GaugeMetricFamily("minisgl_kv_tokens", "KV pool slots by state", labels=["state"])
         for state in ("capacity", "free", "evictable", "protected", "in_use"):
-            if state in s.kv:
-                kv.add_metric([state], s.kv[state])
+            if state in snapshot.kv:
+                kv.add_metric([state], snapshot.kv[state])
         yield kv
         yield CounterMetricFamily(
-            "minisgl_kv_evicted_tokens", "KV slots evicted from the prefix cache", value=s.kv.get("evicted_total", 0)
+            "minisgl_kv_evicted_tokens", "KV slots evicted from the prefix cache", value=snapshot.kv.get("evicted_total", 0)
         )
 
 
 class ServerMetrics:
-    def __init__(self, stats: Callable[[], Stats]) -> None:
+    def __init__(self, stats: Callable[[], StatsSnapshot]) -> None:
         # A registry of our own: no process-global state, several servers can live in one process.
         self.registry = CollectorRegistry()
         self.requests = Counter(

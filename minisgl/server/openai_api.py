@@ -9,7 +9,6 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from minisgl.sampling import SamplingParams
@@ -26,6 +25,7 @@ from minisgl.server.schemas import (
     stop_list,
 )
 from minisgl.server.streaming import SSE_DONE, GenerationStream, sse
+from minisgl.text.chat import render_chat
 
 DEFAULT_MAX_TOKENS = 256  # when the client sets none: up to this many, never past the context
 MAX_N = 4
@@ -60,7 +60,7 @@ def openai_router(ctx: ServerContext) -> APIRouter:
 
 # -- prompts -----------------------------------------------------------------------------------
 def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[ChatMessage]) -> list[int]:
-    """Rendered exactly like ``LLM.apply_chat_template`` so greedy results match the offline API."""
+    """The messages checked, then rendered by ``render_chat`` like every other front end."""
     if not messages:
         raise ApiError(400, "messages must be a non-empty list", param="messages")
     conversation = []
@@ -77,10 +77,9 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[ChatMessa
             content = m.content or ""
         conversation.append({"role": m.role, "content": content})
     try:
-        text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-    except (TemplateError, ValueError) as e:  # e.g. a template that rejects this order of roles
-        raise ApiError(400, f"the chat template rejected the messages: {e}", param="messages") from None
-    return tokenizer.encode(text, add_special_tokens=False)
+        return render_chat(tokenizer, conversation)
+    except ValueError as e:  # e.g. a template that rejects this order of roles
+        raise ApiError(400, str(e), param="messages") from None
 
 
 def completion_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str | list[Any]) -> list[list[int]]:

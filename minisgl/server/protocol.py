@@ -10,6 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from minisgl.sampling import SamplingParams
+from minisgl.scheduler.stats import StatsSnapshot
 
 # -- front end -> scheduler -------------------------------------------------------------------
 
@@ -78,17 +79,4 @@ class ControlReply(msgspec.Struct, tag=True):
     data: dict[str, int] = {}
 
 
-class Stats(msgspec.Struct, tag=True):
-    """Cumulative counters and current gauges of the scheduler, pushed periodically."""
-
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    prefill_tokens: int = 0
-    generated_tokens: int = 0
-    finished_requests: int = 0
-    running: int = 0
-    waiting: int = 0
-    kv: dict[str, int] = {}
-
-
-FromScheduler = Ready | StepOutput | ControlReply | Stats
+FromScheduler = Ready | StepOutput | ControlReply | StatsSnapshot

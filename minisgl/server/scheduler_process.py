@@ -24,7 +24,6 @@ from minisgl.server.protocol import (
     ControlReply,
     Ready,
     Rejection,
-    Stats,
     StepOutput,
     Submit,
     Token,
@@ -123,18 +122,7 @@ class SchedulerLoop:
         now = time.monotonic()
         if not self._stats_due or (self.scheduler.has_work and now - self._last_stats < STATS_INTERVAL_S):
             return
-        s = self.scheduler.stats
-        stats = Stats(
-            prompt_tokens=s.prompt_tokens,
-            cached_tokens=s.cached_tokens,
-            prefill_tokens=s.prefill_tokens,
-            generated_tokens=s.generated_tokens,
-            finished_requests=s.finished_requests,
-            running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting),
-            kv=self.scheduler.kv_usage(),
-        )
-        self.outbox.send(self.encoder.encode(stats))
+        self.outbox.send(self.encoder.encode(self.scheduler.snapshot()))
         self._stats_due, self._last_stats = False, now
 
 

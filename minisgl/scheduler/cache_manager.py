@@ -50,6 +50,11 @@ class CacheManager:
         """Slots that could be handed out now: free ones plus those the cache can evict."""
         return self.free_size + self.cache.size_info.evictable
 
+    @property
+    def unreserved_size(self) -> int:
+        """Available slots not yet promised to an admitted request: what admission can give out."""
+        return self.available_size - self._reserved
+
     # -- admission -----------------------------------------------------------------------------
     def match_len(self, req: Req) -> int:
         # At least one prompt token is always computed: its logits give the first output token.
@@ -61,7 +66,7 @@ class CacheManager:
         handle = self.cache.match_prefix(ids, req.namespace).handle
         self.cache.lock_handle(handle)
         need = align_up(req.max_kv_len, self.page_size) - handle.cached_len
-        if self.available_size - self._reserved < need:
+        if self.unreserved_size < need:
             self.cache.lock_handle(handle, unlock=True)
             return False
         req.row = self.table.allocate()

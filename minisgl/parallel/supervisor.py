@@ -1,4 +1,4 @@
-"""Start the rank processes of this node and watch them; join the group.
+"""Start the rank processes of this node and watch them.
 
 Failure handling (nothing may hang): rank 0 checks its children's exit codes before and after every
 step; a peer that dies mid-collective closes its sockets, so gloo raises at once and the error is
@@ -17,18 +17,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TypeVar
 
-import torch
 import torch.multiprocessing as mp
 
 from minisgl.config import EngineConfig
-from minisgl.distributed.group import TPGroup, init_group, leave_group, local_init_method
+from minisgl.parallel.rendezvous import leave_group
+from minisgl.parallel.worker import run_worker
 
-logger = logging.getLogger("minisgl.distributed")
+logger = logging.getLogger("minisgl.parallel")
 T = TypeVar("T")
 
 # After a child died, a step still in flight this much later is considered stuck.
@@ -54,8 +53,6 @@ class RankSupervisor:
 
     @classmethod
     def spawn(cls, config: EngineConfig, model_path: Path) -> RankSupervisor:
-        from minisgl.distributed.worker import run_worker
-
         if multiprocessing.current_process().daemon:
             raise RuntimeError(
                 "tensor parallelism starts rank processes, which a daemonic process cannot do: "
@@ -193,26 +190,3 @@ class RankSupervisor:
                 p.kill()
                 p.join(2.0)
 
-
-def connect(config: EngineConfig, model_path: Path, rank: int) -> tuple[TPGroup, RankSupervisor | None]:
-    """Join the tensor-parallel group as ``rank``. A node's first rank spawns the node's other
-    ranks first (and gets their supervisor); on a single node the rendezvous is a free local port."""
-    first_of_node = rank % config.tp_per_node == 0
-    if rank == 0 and config.node_rank != 0:
-        raise ValueError("node_rank > 0 runs rank processes only: start it with the CLI (--node-rank)")
-    if not first_of_node:
-        return init_group(config, rank, f"tcp://{config.dist_init_addr}"), None
-    if config.torch_device.type == "cuda" and torch.cuda.device_count() < config.tp_per_node:
-        raise ValueError(
-            f"tensor parallelism on CUDA needs one GPU per rank: {config.tp_per_node} ranks on this node, "
-            f"{torch.cuda.device_count()} GPUs visible"
-        )
-    if config.dist_init_addr is None:  # single node: pick the rendezvous port here, pass it on
-        config = replace(config, dist_init_addr=local_init_method().removeprefix("tcp://"))
-    supervisor = RankSupervisor.spawn(config, model_path)
-    try:
-        tp = supervisor.run_watched(lambda: init_group(config, rank, f"tcp://{config.dist_init_addr}"))
-    except BaseException:
-        supervisor.stop(timeout=0)
-        raise
-    return tp, supervisor

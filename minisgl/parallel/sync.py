@@ -4,13 +4,13 @@ Each message is a fixed-size int64 header over the control group (ranks 1..N-1 b
 0 idles), then for a forward pass one int64 payload over the default group, on the device:
 
     header   [op, is_prefill, requests R, tokens T, sampled rows L, page-table entries E]
-    payload  input_ids[T] positions[T] out_slots[T] logit_rows[L] rows[R] device_lens[R]
+    payload  input_ids[T] positions[T] out_slots[T] sample_rows[L] table_rows[R] prefix_lens[R]
              extend_lens[R] page-table entries[E]
 
-The entries are ``page_table[row, :device_len + extend_len]`` of every request in the batch, so a
-rank's page table holds rank 0's values for every slot the attention backend reads this step; the
-KV slots themselves (which pages are free, cached, owned) are decided by rank 0 alone. A rank's
-batch carries stand-in requests with just the fields the backend reads (``row``, ``device_len``).
+That is the whole ``Batch`` but its sampling parameters (only rank 0 samples). The entries are
+``page_table[row, :prefix_len + extend_len]`` of every request in the batch, so a rank's page table
+holds rank 0's values for every slot the attention backend reads this step; the KV slots themselves
+(which pages are free, cached, owned) are decided by rank 0 alone.
 """
 
 from __future__ import annotations
@@ -20,37 +20,37 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from minisgl.distributed.group import COLLECTIVE_TIMEOUT_S, TPGroup
-from minisgl.engine.batch import Batch
-from minisgl.request import Req
-from minisgl.sampling import SamplingParams
+from minisgl.batch import Batch
+from minisgl.distributed.group import TPGroup
+from minisgl.engine.engine import Engine
+from minisgl.parallel.rendezvous import COLLECTIVE_TIMEOUT_S
 
 OP_FORWARD, OP_CHECK, OP_SHUTDOWN = 1, 2, 3
 HEADER_LEN = 6
-_STANDIN_PARAMS = SamplingParams()
 REPORT_FIELDS = ("kv_heads", "num_slots", "slots_written", "written_checksum", "steps", "tokens")
 
 
 class BatchSync:
-    def __init__(self, tp: TPGroup, page_table: torch.Tensor, num_slots: int, kv_heads: int) -> None:
-        self.tp, self.page_table, self.device = tp, page_table, page_table.device
-        self.kv_heads = kv_heads
+    """This rank's side of the broadcast, over its ``engine``'s page table and pool."""
+
+    def __init__(self, tp: TPGroup, engine: Engine) -> None:
+        self.tp, self.engine = tp, engine
+        self.page_table, self.device = engine.table.page_table, engine.device
+        self.kv_heads = engine.pool.k.shape[2]
         # Every KV slot this rank has written: the same set on every rank, or the pools diverged.
-        self.written = torch.zeros(num_slots, dtype=torch.bool, device=self.device)
+        self.written = torch.zeros(engine.pool.num_slots, dtype=torch.bool, device=self.device)
         self.steps = self.tokens = 0
         self.is_ready = False  # every rank loaded and listens for headers
 
     # -- rank 0 ------------------------------------------------------------------------------------
     def send_batch(self, batch: Batch) -> None:
-        device_lens = [r.device_len for r in batch.reqs]
-        kv_lens = [d + n for d, n in zip(device_lens, batch.extend_lens)]
-        tokens, sampled = batch.input_ids.numel(), batch.logit_rows.numel()
-        self._send_header(OP_FORWARD, int(batch.is_prefill), len(batch.reqs), tokens, sampled, sum(kv_lens))
-        rows = [r.row for r in batch.reqs]
-        meta = torch.tensor(rows + device_lens + list(batch.extend_lens), dtype=torch.int64, device=self.device)
-        r_idx, c_idx = self._table_index(meta[: len(rows)], torch.tensor(kv_lens, device=self.device))
+        kv_lens = batch.kv_lens
+        tokens, sampled = batch.input_ids.numel(), batch.sample_rows.numel()
+        self._send_header(OP_FORWARD, int(batch.is_prefill), batch.num_reqs, tokens, sampled, int(kv_lens.sum()))
+        meta = torch.cat([batch.table_rows, batch.prefix_lens, batch.extend_lens]).to(self.device)
+        r_idx, c_idx = self._table_index(meta[: batch.num_reqs], kv_lens.to(self.device))
         payload = torch.cat(
-            [batch.input_ids, batch.positions, batch.out_slots, batch.logit_rows, meta, self.page_table[r_idx, c_idx]]
+            [batch.input_ids, batch.positions, batch.out_slots, batch.sample_rows, meta, self.page_table[r_idx, c_idx]]
         )
         dist.broadcast(payload, 0)
         self._record(batch.out_slots)
@@ -75,6 +75,11 @@ class BatchSync:
         self.is_ready = True
 
     # -- ranks 1..N-1 ------------------------------------------------------------------------------
+    def serve(self) -> None:
+        """Run rank 0's batches (their collectives pair with rank 0's) until it shuts the group down."""
+        while (batch := self.recv()) is not None:
+            self.engine.run_model(batch)
+
     def recv(self) -> Batch | None:
         """The next batch to run; None when rank 0 shuts the group down. Answers checks meanwhile."""
         while True:
@@ -90,17 +95,14 @@ class BatchSync:
                 raise RuntimeError(f"unknown tensor-parallel message {op}")
             payload = torch.empty(3 * tokens + sampled + 3 * num_reqs + entries, dtype=torch.int64, device=self.device)
             dist.broadcast(payload, 0)
-            input_ids, positions, out_slots, logit_rows, rows, device_lens, extend_lens, table = payload.split(
+            input_ids, positions, out_slots, sample_rows, rows, prefix_lens, extend_lens, table = payload.split(
                 [tokens, tokens, tokens, sampled, num_reqs, num_reqs, num_reqs, entries]
             )
-            self.page_table[self._table_index(rows, device_lens + extend_lens)] = table
-            reqs = []
-            for row, device_len in zip(rows.tolist(), device_lens.tolist()):
-                req = Req(-1, [], _STANDIN_PARAMS)
-                req.row, req.device_len = row, device_len
-                reqs.append(req)
+            self.page_table[self._table_index(rows, prefix_lens + extend_lens)] = table
             self._record(out_slots)
-            return Batch(reqs, bool(is_prefill), extend_lens.tolist(), input_ids, positions, out_slots, logit_rows, [])
+            return Batch(
+                bool(is_prefill), input_ids, positions, out_slots, rows.cpu(), prefix_lens.cpu(), extend_lens.cpu(), sample_rows
+            )
 
     # -- both --------------------------------------------------------------------------------------
     def _send_header(self, *fields: int, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:

@@ -1,0 +1,122 @@
+"""Prefill strategies. A request with nothing in the KV pool attends to its fresh K/V directly
+(one causal call each, no gather); requests that extend KV already in the pool (a cached prefix, an
+earlier chunk, or a decode token riding along) are gathered into padded calls with a shifted
+causal mask, bucketed so that one long extension does not pad many short ones."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from minisgl.attention.ops import sdpa
+from minisgl.kvcache.pool import KVPool
+
+# Prefix-extending prefills are padded to a common shape per call; a bucket may cost at most this
+# many times its unpadded work (query-key pairs) before the next request starts a new bucket.
+MAX_PADDING_COST = 1.5
+
+
+class PrefillPart(Protocol):
+    """Attends some of the pass's tokens and writes their rows of the output."""
+
+    def write(self, out: torch.Tensor, pool: KVPool, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None: ...
+
+
+@dataclass(frozen=True)
+class FreshPrefill:
+    """Requests with no KV in the pool before this pass: causal attention over their own K/V."""
+
+    runs: list[tuple[int, int]]  # (first row in the pass's tokens, tokens) of each request
+
+    def write(self, out: torch.Tensor, pool: KVPool, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        for start, n in self.runs:
+            end = start + n
+            out[start:end] = sdpa(q[start:end], k[start:end], v[start:end], is_causal=True).flatten(1)
+
+
+@dataclass(frozen=True)
+class CachedPrefill:
+    """Requests that extend KV in the pool, attended in one padded call: [batch, max_new, max_kv]."""
+
+    q_index: torch.Tensor  # [batch * max_new] row of each padded query in the pass's tokens
+    kv_slots: torch.Tensor  # [batch, max_kv] all KV slots of each request (prefix + new tokens)
+    mask: torch.Tensor  # [batch, 1, max_new, max_kv] causal mask shifted by each prefix length
+    valid: torch.Tensor  # positions in the padded [batch * max_new] layout that are real tokens
+    rows: torch.Tensor  # their rows in the pass's tokens
+
+    @classmethod
+    def build(cls, page_table: torch.Tensor, reqs: list[tuple[int, int, int, int]]) -> CachedPrefill:
+        """``reqs``: (first row in the pass's tokens, new tokens, prefix, page-table row) each."""
+        device = page_table.device
+        starts, new_lens, prefixes, rows = (list(column) for column in zip(*reqs))
+        start_t, new_t, prefix_t = (torch.tensor(x, device=device) for x in (starts, new_lens, prefixes))
+        max_new, max_kv = max(new_lens), max(p + n for p, n in zip(prefixes, new_lens))
+        i = torch.arange(max_new, device=device)
+        j = torch.arange(max_kv, device=device)
+        real = i.unsqueeze(0) < new_t.unsqueeze(1)  # [batch, max_new]
+        # Query i of a request sees keys up to its own position (prefix + i). Padded queries see
+        # key 0 only, so that no row is fully masked (they are dropped afterwards).
+        mask = j.view(1, 1, -1) <= (prefix_t.view(-1, 1, 1) + i.view(1, -1, 1)) * real.unsqueeze(2)
+        q_rows = start_t.unsqueeze(1) + i.unsqueeze(0) * real
+        return cls(
+            q_index=q_rows.flatten(),
+            kv_slots=page_table[torch.tensor(rows, device=device), :max_kv].contiguous(),
+            mask=mask.unsqueeze(1),
+            valid=real.flatten().nonzero().squeeze(1),
+            rows=q_rows[real],
+        )
+
+    def write(self, out: torch.Tensor, pool: KVPool, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        batch, max_kv = self.kv_slots.shape
+        qi = q.index_select(0, self.q_index).view(batch, -1, *q.shape[1:]).transpose(1, 2)
+        kv_shape = (batch, max_kv, *k.shape[1:])
+        ki = pool.k[layer_id].index_select(0, self.kv_slots.view(-1)).view(kv_shape).transpose(1, 2)
+        vi = pool.v[layer_id].index_select(0, self.kv_slots.view(-1)).view(kv_shape).transpose(1, 2)
+        o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=self.mask, enable_gqa=True)
+        out.index_copy_(0, self.rows, o.transpose(1, 2).flatten(2).flatten(0, 1).index_select(0, self.valid))
+
+
+def padding_buckets(new_lens: list[int], kv_lens: list[int]) -> list[list[int]]:
+    """Split requests into padded calls: sorted by new tokens, a bucket grows while its padded
+    size (count x max new x max keys) stays within MAX_PADDING_COST of its real work. One long
+    extension among many short ones then no longer pads all of them to its length."""
+    buckets: list[list[int]] = []
+    work = max_new = max_kv = 0
+    for i in sorted(range(len(new_lens)), key=lambda i: (new_lens[i], kv_lens[i])):
+        n, kv = new_lens[i], kv_lens[i]
+        grown = (len(buckets[-1]) + 1) * max(max_new, n) * max(max_kv, kv) if buckets else 0
+        if buckets and grown <= MAX_PADDING_COST * (work + n * kv):
+            buckets[-1].append(i)
+            work, max_new, max_kv = work + n * kv, max(max_new, n), max(max_kv, kv)
+        else:
+            buckets.append([i])
+            work, max_new, max_kv = n * kv, n, kv
+    return buckets
+
+
+class PrefillAttention:
+    """A prefill pass: every part writes its tokens' rows of one output."""
+
+    def __init__(self, pool: KVPool, out_slots: torch.Tensor, parts: list[PrefillPart]) -> None:
+        self.pool, self.out_slots, self.parts = pool, out_slots, parts
+
+    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.pool.store(layer_id, self.out_slots, k, v)
+        out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+        for part in self.parts:
+            part.write(out, self.pool, layer_id, q, k, v)
+        return out
+
+
+class SingleFreshPrefill:
+    """The whole pass is one request with nothing cached: one causal call, no output copy."""
+
+    def __init__(self, pool: KVPool, out_slots: torch.Tensor) -> None:
+        self.pool, self.out_slots = pool, out_slots
+
+    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.pool.store(layer_id, self.out_slots, k, v)
+        return sdpa(q, k, v, is_causal=True).flatten(1)

@@ -1,0 +1,48 @@
+"""The contract between the scheduler and the engine: one forward pass as tensors, and the
+attention context the model's layers call.
+
+A ``Batch`` is self-contained: the engine, the attention backends and the tensor-parallel ranks read
+nothing else (no request objects), so a backend can be driven with a hand-built batch. Requests are
+laid out one after another in the token dimension; request ``i`` owns ``extend_lens[i]`` tokens at
+positions ``prefix_lens[i] ..`` whose KV the page table's row ``table_rows[i]`` maps to slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from minisgl.sampling import SamplingRows
+
+
+@dataclass(frozen=True)
+class Batch:
+    is_prefill: bool  # False: a decode pass, every request adds one token and is sampled
+    input_ids: torch.Tensor  # [tokens] on the device
+    positions: torch.Tensor  # [tokens] on the device
+    out_slots: torch.Tensor  # [tokens] KV slots the new tokens' K/V are written to, on the device
+    table_rows: torch.Tensor  # [requests] page-table row of each request (CPU int64)
+    prefix_lens: torch.Tensor  # [requests] tokens whose KV is in the pool before this pass (CPU int64)
+    extend_lens: torch.Tensor  # [requests] new tokens this pass (CPU int64)
+    sample_rows: torch.Tensor  # [sampled] rows of the token dimension whose logits are sampled, on the device
+    sampling: SamplingRows = field(default_factory=SamplingRows)  # one entry per sampled row (rank 0 only)
+
+    @property
+    def num_reqs(self) -> int:
+        return self.table_rows.numel()
+
+    @property
+    def kv_lens(self) -> torch.Tensor:
+        """[requests] KV length of each request once this pass has run (CPU int64)."""
+        return self.prefix_lens + self.extend_lens
+
+
+class AttentionContext(Protocol):
+    """What a layer needs from the attention backend for the current batch."""
+
+    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``q``: [tokens, heads, dim], ``k``/``v``: [tokens, kv_heads, dim] of the new tokens
+        (stored into the KV pool by the backend) → [tokens, heads * dim]."""
+        ...

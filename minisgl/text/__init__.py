@@ -1,0 +1,1 @@
+"""Text around the token ids: chat templating, incremental detokenization and stop strings."""
