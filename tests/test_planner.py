@@ -1,0 +1,52 @@
+"""The prefill planner decides (a ``PrefillPlan``), the scheduler applies it; while nothing can be
+admitted the planner does not order the queue (which matches every waiting prompt in the cache)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_idle_balanced
+from tiny_models import VOCAB, build_tiny_model
+
+from minisgl import LLM, SamplingParams
+
+GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model("llama", tmp_path_factory.mktemp("llama"))
+
+
+def test_full_rows_skip_the_prefix_match_and_plans_move_nothing(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    llm = LLM(str(tiny), num_page_override=1024, max_running_req=2)
+    sched = llm.scheduler
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, VOCAB, (20,), generator=g).tolist() for _ in range(6)]
+    reqs = [sched.make_request(i, ids, GREEDY) for i, ids in enumerate(prompts)]
+    for req in reqs:
+        sched.add(req)
+    sched.step()  # admits two: every page-table row is taken
+    assert sched.running == reqs[:2] and list(sched.waiting) == reqs[2:]
+    matches = 0
+    match_prefix = sched.cache_manager.cache.match_prefix
+
+    def counting_match(*args: object, **kwargs: object) -> object:
+        nonlocal matches
+        matches += 1
+        return match_prefix(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sched.cache_manager.cache, "match_prefix", counting_match)
+    plan = sched.planner.plan(sched.waiting, sched.running)
+    assert (plan.reqs, plan.lens, plan.admitted) == ([], [], [])
+    assert list(sched.waiting) == reqs[2:]  # planning moved nothing
+    for _ in range(4):  # decode steps while both rows stay taken
+        sched.step()
+    assert matches == 0
+    while sched.has_work:
+        sched.step()
+    assert matches > 0  # once rows freed up, the waiting requests were matched and admitted
+    assert all(len(r.output_ids) == GREEDY.max_tokens for r in reqs)
+    assert_idle_balanced(llm)
