@@ -10,6 +10,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from benchmarks.machine import usable_cores
+from benchmarks.online_systems import parse_serve
+from benchmarks.peers import PEERS
 from benchmarks.systems import MINISGL_VARIANTS, OFFLINE_SYSTEMS
 from benchmarks.workloads import WORKLOADS, Sizes
 
@@ -38,16 +40,40 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--systems",
         type=_names(OFFLINE_SYSTEMS),
-        default=list(OFFLINE_SYSTEMS),
-        help="offline systems, comma-separated ('none' for none): " + ",".join(OFFLINE_SYSTEMS),
+        default=["minisgl", "hf"],
+        help="offline systems, comma-separated ('none' for none); minisgl is the reference for agreement: "
+        + ",".join(OFFLINE_SYSTEMS),
     )
     online = tuple(MINISGL_VARIANTS)
     p.add_argument(
         "--online",
         type=_names(online),
-        default=["minisgl", "minisgl-naive"],
-        help="minisgl variants to serve and load over HTTP ('none' for none): " + ",".join(online),
+        default=["minisgl", "minisgl-naive", "minisgl-bf16"],
+        help="built-in minisgl variants to serve and load over HTTP ('none' for none): " + ",".join(online),
     )
+    p.add_argument(
+        "--serve",
+        type=parse_serve,
+        action="append",
+        default=[],
+        metavar="NAME=FLAGS",
+        help="one more minisgl server to load, started with these `python -m minisgl serve` flags "
+        "(repeatable), e.g. --serve 'minisgl-bf16-fcfs=--dtype bfloat16 --schedule-policy fcfs'",
+    )
+    p.add_argument(
+        "--peers",
+        type=_names(PEERS),
+        default=list(PEERS),
+        help="peer servers, comma-separated ('none' for none; install with python -m benchmarks.peers setup): "
+        + ",".join(PEERS),
+    )
+    p.add_argument(
+        "--llama-server-parallel",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[1, 4],
+        help="llama-server slot counts (-np) to run, comma-separated; each is its own system",
+    )
+    p.add_argument("--vllm-kv-cache-gib", type=float, default=1.0, help="VLLM_CPU_KVCACHE_SPACE (minisgl's default)")
     p.add_argument("--reference", default="minisgl", help="offline system whose outputs the others are compared with")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for results.json, results.md and the PNGs")
     p.add_argument("--seed", type=int, default=0)

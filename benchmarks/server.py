@@ -1,4 +1,7 @@
-"""Start ``python -m minisgl serve`` on a free port for the online runner, and stop it afterwards."""
+"""A benchmarked HTTP server as a child process on a free port: started, waited for, stopped.
+
+The process is generic (minisgl, llama-server, vLLM); ``minisgl_command`` builds minisgl's own.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +12,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
 import httpx
 
+from benchmarks.client import warm_up
+
 STARTUP_TIMEOUT_S = 600.0  # a first start may convert the GGUF; on a loaded 2-core box that is minutes
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
@@ -29,17 +36,21 @@ def server_available() -> bool:
 
 
 class ServerProcess:
-    """``with ServerProcess([...engine flags]) as url:`` a running server at ``url``."""
+    """``with ServerProcess(command_for_port) as url:`` a running server at ``url``, healthy at ``/health``.
 
-    def __init__(self, engine_args: list[str], timeout_s: float = STARTUP_TIMEOUT_S) -> None:
-        self.engine_args = engine_args
+    ``env``: variables added to this process's environment."""
+
+    def __init__(
+        self,
+        command_for_port: Callable[[int], list[str]],
+        env: dict[str, str] | None = None,
+        timeout_s: float = STARTUP_TIMEOUT_S,
+    ) -> None:
+        self.command_for_port = command_for_port
+        self.env = env or {}
         self.timeout_s = timeout_s
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        # Lives as long as the server; closed in __exit__.
-        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115
-            "w+", prefix="minisgl-serve-", suffix=".log", delete=False
-        )
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -49,20 +60,14 @@ class ServerProcess:
         return self.process.pid
 
     def __enter__(self) -> str:
-        cmd = [
-            sys.executable,
-            "-m",
-            "minisgl",
-            "serve",
-            "--port",
-            str(self.port),
-            "--log-level",
-            "warning",
-            *self.engine_args,
-        ]
-        root = Path(__file__).resolve().parent.parent
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-        self.process = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=root)
+        # Lives as long as the server; closed in __exit__.
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115
+            "w+", prefix="bench-server-", suffix=".log", delete=False
+        )
+        env = {**os.environ, **self.env}
+        self.process = subprocess.Popen(
+            self.command_for_port(self.port), stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT
+        )
         try:
             self._wait_healthy()
         except BaseException:
@@ -84,7 +89,7 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    f"server exited with {self.process.returncode}; log: {self.log.name}\n{self._log_tail()}"
+                    f"server exited with {self.process.returncode}; log: {self.log.name}\n{self.log_tail()}"
                 )
             try:
                 if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
@@ -92,18 +97,39 @@ class ServerProcess:
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        raise TimeoutError(f"server not healthy after {self.timeout_s:.0f} s; log: {self.log.name}\n{self._log_tail()}")
+        raise TimeoutError(f"server not healthy after {self.timeout_s:.0f} s; log: {self.log.name}\n{self.log_tail()}")
 
     def _stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        self.process.terminate()  # SIGTERM: the server shuts its scheduler process down cleanly
+        self.process.terminate()  # SIGTERM: every server here shuts down cleanly on it
         try:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
 
-    def _log_tail(self, chars: int = 4000) -> str:
+    def log_tail(self, chars: int = 4000) -> str:
         self.log.flush()
         return Path(self.log.name).read_text(errors="replace")[-chars:]
+
+
+def minisgl_server(engine_args: list[str]) -> ServerProcess:
+    """``python -m minisgl serve`` with these engine flags, importing this checkout's code."""
+
+    def command(port: int) -> list[str]:
+        return [sys.executable, "-m", "minisgl", "serve", "--port", str(port), "--log-level", "warning", *engine_args]
+
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return ServerProcess(command, env={"PYTHONPATH": pythonpath})
+
+
+def start_warm(server: ServerProcess) -> str:
+    """Starts the server and sends it the warm-up requests (stopping it again if they fail); returns its url."""
+    url = server.__enter__()
+    try:
+        warm_up(url)
+    except BaseException as e:
+        server.__exit__(type(e), e, e.__traceback__)
+        raise
+    return url

@@ -21,8 +21,9 @@ from benchmarks.offline import run_offline, warm_up
 from benchmarks.plots import draw_all
 from benchmarks.report import markdown, plain, write_json
 from benchmarks.results import RunResult
-from benchmarks.server import ServerProcess, server_available
-from benchmarks.systems import MINISGL_VARIANTS, SystemOptions, Unavailable, make_system
+from benchmarks.online_systems import Factory, online_systems
+from benchmarks.server import server_available
+from benchmarks.systems import SystemOptions, Unavailable, make_system
 from benchmarks.workloads import Sizes, Workload, build
 from minisgl.models.gguf import default_model_path
 from minisgl.models.loader import resolve_model_path
@@ -75,23 +76,17 @@ def _run_offline(name: str, opts: SystemOptions, workloads: list[Workload], toke
         system.close()
 
 
-def _run_online(name: str, args: argparse.Namespace, workloads: list[Workload], tokenizer: Any) -> list[RunResult]:
-    variant = MINISGL_VARIANTS[name]
-    engine_args = ["--model", args.model] if args.model else []
-    engine_args += ["--dtype", variant.get("dtype", args.dtype), "--device", args.device, "--num-threads", str(args.threads)]
-    engine_args += ["--cache-type", variant["cache_type"], "--schedule-policy", variant["schedule_policy"]]
-    logger.info("online: starting the server for %s", name)
-    description = "minisgl server, " + ", ".join(f"{k}={v}" for k, v in variant.items())
-    server = ServerProcess(engine_args)
-    with server as url:
-        online_runner.warm_up(url, len(tokenizer))
+def _run_online(
+    name: str, factory: Factory, args: argparse.Namespace, workloads: list[Workload], tokenizer: Any
+) -> list[RunResult]:
+    logger.info("online: starting %s", name)
+    with factory() as system:
         runs = []
         for w in workloads:
-            others = OtherLoad(server.pid)
+            url = system.fresh()  # before OtherLoad: llama-server restarts, so its pid changes here
+            others = OtherLoad(system.pid)
             runs.append(
-                online_runner.run_online(
-                    url, name, description, w, tokenizer, args.request_rate, args.max_concurrency, args.seed
-                )
+                online_runner.run_online(system, url, w, tokenizer, args.request_rate, args.max_concurrency, args.seed)
             )
             runs[-1].others_cpu_s = others.core_seconds()
             _log(runs[-1])
@@ -116,6 +111,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     opts = _options(args, hf_folder, workloads)
     runs: list[RunResult] = []
     skipped: list[dict[str, Any]] = []
+    minisgl_names = {*args.online, *(name for name, _ in args.serve)}
 
     def attempt(name: str, mode: str, go: Callable[[], list[RunResult]]) -> None:
         # One broken system must not throw away the others' minutes of measurements; the failure
@@ -131,11 +127,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
     for name in args.systems:
         attempt(name, "offline", partial(_run_offline, name, opts, workloads, tokenizer))
-    for name in args.online:
-        if not server_available():
+    for name, factory in online_systems(args, opts).items():
+        if name in minisgl_names and not server_available():
             skipped.append({"system": name, "mode": "online", "reason": "this checkout has no minisgl/server"})
             continue
-        attempt(name, "online", partial(_run_online, name, args, workloads, tokenizer))
+        attempt(name, "online", partial(_run_online, name, factory, args, workloads, tokenizer))
     _annotate_agreement(runs, args.reference)
     return {
         "command": " ".join(["python -m benchmarks", *argv]),
@@ -146,7 +142,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "duration_s": time.perf_counter() - started,
         "config": vars(args),
         "reference": args.reference,
-        "workloads": {w.name: {"requests": w.num_requests, "rounds": len(w.rounds)} for w in workloads},
+        "workloads": {
+            w.name: {"requests": w.num_requests, "rounds": len(w.rounds), "output_len": w.output_len} for w in workloads
+        },
         "runs": [r.to_json() for r in runs],
         "skipped": skipped,
     }

@@ -18,7 +18,7 @@ from benchmarks.corpus import CHAT_MESSAGES, GUIDELINES, PERSONAS, QUESTIONS
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-WORKLOADS = ("shared-prefix", "multi-turn", "random")
+WORKLOADS = ("shared-prefix", "multi-turn", "random", "single-stream")
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class Workload:
     name: str
     rounds: list[list[Turn]]
     output_len: int
+    max_concurrency: int | None = None  # online: requests in flight at most, whatever the run's option
 
     @property
     def num_requests(self) -> int:
@@ -73,6 +74,9 @@ class Sizes:
     random_prompts: int = 16
     random_len: int = 256
     output_len: int = 32
+    single_prompts: int = 4
+    single_len: int = 64
+    single_output_len: int = 128
 
 
 class TokenSource(Protocol):
@@ -155,6 +159,13 @@ def random_prompts(tokenizer: PreTrainedTokenizerBase, rng: random.Random, s: Si
     return Workload("random", [[Turn(i, src.take([], s.random_len)) for i in range(s.random_prompts)]], s.output_len)
 
 
+def single_stream(src: TokenSource, rng: random.Random, s: Sizes) -> Workload:
+    """One person chatting: ``single_prompts`` unrelated questions, one at a time (one per round, and at
+    most one in flight online), each with a long answer of ``single_output_len`` tokens."""
+    rounds = [[Turn(i, src.take(rng.sample(QUESTIONS, len(QUESTIONS)), s.single_len))] for i in range(s.single_prompts)]
+    return Workload("single-stream", rounds, s.single_output_len, max_concurrency=1)
+
+
 def build(
     names: Sequence[str], tokenizer: PreTrainedTokenizerBase, sizes: Sizes, seed: int, token_source: str = "text"
 ) -> list[Workload]:
@@ -169,6 +180,8 @@ def build(
             workloads.append(multi_turn(src, tokenizer, rng, sizes))
         elif name == "random":
             workloads.append(random_prompts(tokenizer, rng, sizes))
+        elif name == "single-stream":
+            workloads.append(single_stream(src, rng, sizes))
         else:
             raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
     return workloads

@@ -29,6 +29,9 @@ TINY = Sizes(
     random_prompts=3,
     random_len=12,
     output_len=3,
+    single_prompts=2,
+    single_len=8,
+    single_output_len=5,
 )
 TINY_FLAGS = [f"--{k.replace('_', '-')}={v}" for k, v in vars(TINY).items()]
 
@@ -83,15 +86,16 @@ def test_workloads_from_the_real_tokenizer() -> None:
     assert build(["shared-prefix"], tokenizer, sizes, seed=1)[0].rounds != shared.rounds
 
 
-def test_full_harness_on_a_tiny_model(tmp_path: Path) -> None:
+def test_full_harness_on_a_tiny_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = build_tiny_model("llama", tmp_path / "model")
     out = tmp_path / "out"
     online = "minisgl" if server_available() else "none"
+    monkeypatch.setenv("MINISGL_BENCH_CACHE", str(tmp_path / "no-peers"))  # peers never run in the suite
     # One thread: on a shared CPU, multi-threaded torch stalls at every barrier while a thread waits for a core.
     status = main([
         "--model", str(model), "--token-source", "random", "--out", str(out), "--threads", "1",
         "--systems", "minisgl,minisgl-naive,hf,hf-batch,llama.cpp", "--online", online, "--hf-batch-size", "2",
-        *TINY_FLAGS,
+        "--peers", "llama-server,vllm", "--llama-server-parallel", "1,4", *TINY_FLAGS,
     ])  # fmt: skip
 
     report = json.loads((out / "results.json").read_text())
@@ -99,14 +103,19 @@ def test_full_harness_on_a_tiny_model(tmp_path: Path) -> None:
     for name in ["results.md", "throughput.png", "hit_rate.png"] + (["ttft.png"] if online != "none" else []):
         assert (out / name).stat().st_size > 0, name
     assert report["machine"]["cores"] >= 1 and report["machine"]["torch"]
-    # llama.cpp needs a GGUF file; the tiny model is a folder, so it is skipped with a reason.
-    assert [s["system"] for s in report["skipped"]] == ["llama.cpp"]
+    # llama.cpp and llama-server need a GGUF file (the tiny model is a folder); vLLM is not installed in
+    # the empty cache folder: each is listed with its reason, and the run goes on.
+    reasons = {s["system"]: s["reason"] for s in report["skipped"]}
+    assert list(reasons) == ["llama.cpp", "llama-server-np1", "llama-server-np4", "vllm"], reasons
+    assert "GGUF" in reasons["llama-server-np4"] and "python -m benchmarks.peers setup" in reasons["vllm"]
+    assert "Not run" in (out / "results.md").read_text()
 
     runs = {(r["mode"], r["system"], r["workload"]): r for r in report["runs"]}
     expected = 4 + (online != "none")
-    assert len(runs) == 3 * expected
+    assert len(runs) == 4 * expected
     for r in runs.values():
-        assert r["output_tokens"] == r["requests"] * TINY.output_len
+        output_len = TINY.single_output_len if r["workload"] == "single-stream" else TINY.output_len
+        assert r["output_tokens"] == r["requests"] * output_len
         assert 0.0 <= r["hit_rate"] <= r["best_hit_rate"] <= 1.0, r
         assert r["duration_s"] > 0 and r["output_tokens_per_s"] > 0
         assert 0.0 <= r["agreement"]["identical"] <= 1.0
@@ -123,6 +132,8 @@ def test_full_harness_on_a_tiny_model(tmp_path: Path) -> None:
     if online != "none":
         served = runs[("online", "minisgl", "shared-prefix")]
         assert served["hit_rate"] > 0.3
+        # Each session resends its history (prompt and answer as text) on its next turn.
+        assert runs[("online", "minisgl", "multi-turn")]["hit_rate"] > 0.3
         for key in ("ttft_s", "e2e_s"):
             assert served["latency"][key]["p50"] > 0, key
         assert len(served["ttft_s"]) == served["requests"] and all(t > 0 for t in served["ttft_s"])

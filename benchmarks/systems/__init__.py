@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.systems.base import Completion, OfflineSystem, SystemOptions, Unavailable
+from benchmarks.systems.base import Completion, OfflineSystem, OnlineSystem, SystemOptions, Unavailable
 
 # minisgl engine options by name: "minisgl" is the engine as shipped, each variant changes one option
 # (a variant's dtype replaces the run's --dtype).
@@ -41,6 +41,7 @@ __all__ = [
     "OFFLINE_SYSTEMS",
     "Completion",
     "OfflineSystem",
+    "OnlineSystem",
     "SystemOptions",
     "Unavailable",
     "make_system",

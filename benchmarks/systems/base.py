@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Protocol
 
 
@@ -44,3 +45,27 @@ class OfflineSystem(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class OnlineSystem(Protocol):
+    """A server loaded over HTTP. ``with system:`` starts it and warms it up; ``fresh()`` then empties
+    its caches before each workload and returns the address to load; ``pid`` is its process (its
+    CPU time is the run's own, not other processes')."""
+
+    name: str
+    description: str
+
+    def __enter__(self) -> OnlineSystem: ...
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+    def fresh(self) -> str: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    def counters(self) -> dict[str, float]:
+        """The server's cumulative token counters (``prompt_tokens``, ``cached_tokens``); {} when it has none."""
+        ...

@@ -1,0 +1,67 @@
+"""vLLM's CPU build, in its own virtualenv, on the Hugging Face folder of the same weights in bfloat16.
+
+Configuration (vLLM's CPU documentation): ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache,
+``VLLM_CPU_OMP_THREADS_BIND`` pinning its threads to the run's first cores, prefix caching and
+chunked prefill on (its V1 engine's defaults, also given explicitly), ``--enable-prompt-tokens-details``
+so responses report cached prompt tokens, and ``VLLM_SERVER_DEV_MODE=1`` for ``/reset_prefix_cache``,
+which empties the cache before each workload. bfloat16 because vLLM's CPU kernels are written for it.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+import httpx
+
+from benchmarks.peers.paths import SETUP_COMMAND, VLLM_CPU_VERSION, vllm_python
+from benchmarks.server import ServerProcess, start_warm
+from benchmarks.systems.base import SystemOptions, Unavailable
+
+STARTUP_TIMEOUT_S = 900.0  # it profiles and warms up its kernels at start: minutes on 2 busy cores
+
+
+class VllmServer:
+    def __init__(self, opts: SystemOptions, kv_cache_gib: float) -> None:
+        if opts.device not in ("cpu", "auto"):
+            raise Unavailable("the vLLM peer is its CPU build")
+        if not vllm_python().is_file():
+            raise Unavailable(f"{vllm_python()} is missing: run {SETUP_COMMAND}")
+        self.name = "vllm"
+        self.env = {
+            "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
+            "VLLM_CPU_OMP_THREADS_BIND": f"0-{opts.threads - 1}",
+            "VLLM_SERVER_DEV_MODE": "1",
+        }
+        self.flags = [
+            "--model", str(opts.hf_folder), "--dtype", "bfloat16", "--max-model-len", str(opts.max_seq_len),
+            "--enable-prefix-caching", "--enable-chunked-prefill", "--enable-prompt-tokens-details",
+        ]  # fmt: skip
+        settings = " ".join(f"{k}={v}" for k, v in self.env.items())
+        self.description = f"vllm-cpu {VLLM_CPU_VERSION}, {settings}, " + " ".join(self.flags[2:])
+        self.server = ServerProcess(self._command, env=self.env, timeout_s=STARTUP_TIMEOUT_S)
+
+    def _command(self, port: int) -> list[str]:
+        module = "vllm.entrypoints.openai.api_server"  # the `vllm` command fails: the dist is named vllm-cpu
+        return [str(vllm_python()), "-m", module, "--host", "127.0.0.1", "--port", str(port), *self.flags]
+
+    def __enter__(self) -> VllmServer:
+        self.url = start_warm(self.server)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.server.__exit__(exc_type, exc, tb)
+
+    @property
+    def pid(self) -> int:
+        return self.server.pid
+
+    def fresh(self) -> str:
+        response = httpx.post(f"{self.url}/reset_prefix_cache", timeout=60.0)
+        if response.status_code != 200:
+            raise RuntimeError(f"/reset_prefix_cache answered {response.status_code}: {response.text[:300]}")
+        return self.url
+
+    def counters(self) -> dict[str, float]:
+        return {}  # cached prompt tokens come with each response's usage
