@@ -41,8 +41,7 @@ def parser() -> argparse.ArgumentParser:
         "--systems",
         type=_names(OFFLINE_SYSTEMS),
         default=["minisgl", "hf"],
-        help="offline systems, comma-separated ('none' for none); minisgl is the reference for agreement: "
-        + ",".join(OFFLINE_SYSTEMS),
+        help="offline systems, comma-separated ('none' for none): " + ",".join(OFFLINE_SYSTEMS),
     )
     online = tuple(MINISGL_VARIANTS)
     p.add_argument(
@@ -74,7 +73,11 @@ def parser() -> argparse.ArgumentParser:
         help="llama-server slot counts (-np) to run, comma-separated; each is its own system",
     )
     p.add_argument("--vllm-kv-cache-gib", type=float, default=1.0, help="VLLM_CPU_KVCACHE_SPACE (minisgl's default)")
-    p.add_argument("--reference", default="minisgl", help="offline system whose outputs the others are compared with")
+    p.add_argument(
+        "--reference",
+        default="minisgl",
+        help="system whose outputs the others are compared with, in the same mode (offline / online)",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for results.json, results.md and the PNGs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

@@ -116,7 +116,7 @@ def run_online(
         system=system.name,
         mode="online",
         workload=workload.name,
-        description=f"{system.description}; rate={rate}/s, max_concurrency={_concurrency_cap(workload, max_concurrency) or 'none'}",
+        description=system.description,
         requests=len(records),
         prompt_tokens=prompt_tokens,
         output_tokens=sum(t.completion_tokens for t in timings),

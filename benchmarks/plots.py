@@ -101,13 +101,43 @@ def ttft(report: dict[str, Any], path: Path) -> bool:
     return True
 
 
+LATENCY_PANELS = (("ttft_s", "p50", "TTFT p50"), ("ttft_s", "p99", "TTFT p99"), ("tpot_s", "mean", "TPOT mean"),
+                  ("itl_s", "p99", "ITL p99"), ("e2e_s", "p50", "E2E p50"), ("e2e_s", "p99", "E2E p99"))  # fmt: skip
+
+
+def latency(report: dict[str, Any], path: Path) -> bool:
+    """One panel per latency figure of the online runs, bars per workload and system; False when none ran."""
+    online = [r for r in report["runs"] if r["mode"] == "online"]
+    if not online:
+        return False
+    plt = _pyplot()
+    workloads, labels, by = _grouped(online)
+    fig, axes = plt.subplots(2, 3, figsize=(16, 7), squeeze=False, layout="constrained")
+    for ax, (metric, stat, title) in zip(axes.flat, LATENCY_PANELS):
+
+        def value(r: dict[str, Any], metric: str = metric, stat: str = stat) -> float:
+            v = r["latency"][metric][stat]
+            return math.nan if v is None else 1000 * v
+
+        _bars(ax, workloads, labels, value, by)
+        ax.set_title(f"{title} (ms)")
+        ax.tick_params(axis="x", labelsize=7)
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside right upper", fontsize=8)
+    fig.suptitle("Online latency per system (lower is better)")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def draw_all(report: dict[str, Any], out_dir: Path) -> list[str]:
     """Writes the figures into ``out_dir``; returns their file names."""
     throughput(report, out_dir / "throughput.png")
     hit_rate(report, out_dir / "hit_rate.png")
     names = ["throughput.png", "hit_rate.png"]
-    if ttft(report, out_dir / "ttft.png"):
-        names.append("ttft.png")
-    else:
-        (out_dir / "ttft.png").unlink(missing_ok=True)  # a stale figure from an earlier run would mislead
+    for name, draw in (("ttft.png", ttft), ("latency.png", latency)):
+        if draw(report, out_dir / name):
+            names.append(name)
+        else:
+            (out_dir / name).unlink(missing_ok=True)  # a stale figure from an earlier run would mislead
     return names

@@ -35,6 +35,10 @@ def _ms(summary: dict[str, float], key: str) -> str:
     return _num(None if summary[key] is None else 1000 * summary[key], 0)
 
 
+def _spread(summary: dict[str, float]) -> str:
+    return " / ".join(_ms(summary, key) for key in ("mean", "p50", "p99"))
+
+
 def _others(run: dict[str, Any], cores: int | None) -> str:
     """Share of the machine other processes used during this row's run."""
     if run["others_cpu_s"] is None:
@@ -59,16 +63,18 @@ def markdown(report: dict[str, Any], figures: list[str]) -> str:
     if other is not None:
         share = other / (report["duration_s"] * (m["cores"] or 1))
         load += f"; other processes used {other:.0f} core-seconds during the run ({100 * share:.0f}% of the machine)"
+    lengths = ", ".join(f"{name} {w['output_len']}" for name, w in report["workloads"].items())
     method = (
-        f"greedy decoding, {report['config']['output_len']} output tokens per request everywhere (end of sequence "
-        "ignored); every system warmed up and its cache emptied before each workload"
+        f"greedy decoding, the same number of output tokens per request for every system ({lengths}; end of "
+        "sequence ignored); every system warmed up and its cache emptied before each workload, one system at a time"
     )
     hit = (
         "*hit rate*: prompt tokens served from a prefix cache / all prompt tokens; *best possible*: the same for an "
         "unlimited cache that reuses every earlier prompt and answer, computed from the token ids actually sent"
     )
     agree = (
-        f"*identical*: share of completions equal to `{report['reference']}` (offline) on the same workload; "
+        f"*identical*: share of completions equal to `{report['reference']}`'s on the same workload in the same mode "
+        "(online prompts are text that each server tokenizes, so only an online reference saw the same input); "
         "*prefix agreement*: mean share of characters before the first difference"
     )
     others = (
@@ -128,17 +134,22 @@ def markdown(report: dict[str, Any], figures: list[str]) -> str:
     online = [r for r in runs if r["mode"] == "online"]
     if online:
         c = report["config"]
-        load = f"Poisson rate {c['request_rate']}/s, max concurrency {c['max_concurrency'] or 'none'}"
+        load = (
+            f"Poisson rate {c['request_rate']}/s, max concurrency {c['max_concurrency'] or 'none'}; sessions "
+            "concurrent, each sending its turns in order; single-stream: one request at a time"
+        )
         lines += [f"## Online (OpenAI streaming API; {load})", ""]
         header = [
             "workload",
             "system",
+            "time (s)",
             "req/s",
             "output tok/s",
+            "total tok/s",
             "TTFT mean / p50 / p99 (ms)",
-            "ITL mean / p99 (ms)",
-            "TPOT mean (ms)",
-            "E2E mean / p99 (ms)",
+            "ITL mean / p50 / p99 (ms)",
+            "TPOT mean / p50 / p99 (ms)",
+            "E2E mean / p50 / p99 (ms)",
             "hit rate",
             "best possible",
             "identical",
@@ -152,12 +163,14 @@ def markdown(report: dict[str, Any], figures: list[str]) -> str:
                     [
                         r["workload"],
                         r["system"],
+                        _num(r["duration_s"]),
                         _num(r["requests_per_s"], 2),
                         _num(r["output_tokens_per_s"]),
-                        f"{_ms(lat['ttft_s'], 'mean')} / {_ms(lat['ttft_s'], 'p50')} / {_ms(lat['ttft_s'], 'p99')}",
-                        f"{_ms(lat['itl_s'], 'mean')} / {_ms(lat['itl_s'], 'p99')}",
-                        _ms(lat["tpot_s"], "mean"),
-                        f"{_ms(lat['e2e_s'], 'mean')} / {_ms(lat['e2e_s'], 'p99')}",
+                        _num(r["total_tokens_per_s"]),
+                        _spread(lat["ttft_s"]),
+                        _spread(lat["itl_s"]),
+                        _spread(lat["tpot_s"]),
+                        _spread(lat["e2e_s"]),
                         _pct(r["hit_rate"]),
                         _pct(r["best_hit_rate"]),
                         _pct(r["agreement"].get("identical")),

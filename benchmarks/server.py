@@ -61,9 +61,7 @@ class ServerProcess:
 
     def __enter__(self) -> str:
         # Lives as long as the server; closed in __exit__.
-        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115
-            "w+", prefix="bench-server-", suffix=".log", delete=False
-        )
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="bench-server-", suffix=".log", delete=False)
         env = {**os.environ, **self.env}
         self.process = subprocess.Popen(
             self.command_for_port(self.port), stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT

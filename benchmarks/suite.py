@@ -18,10 +18,10 @@ from benchmarks import online as online_runner
 from benchmarks.machine import OtherLoad, load_average, machine_info
 from benchmarks.metrics import agreement
 from benchmarks.offline import run_offline, warm_up
+from benchmarks.online_systems import Factory, online_systems
 from benchmarks.plots import draw_all
 from benchmarks.report import markdown, plain, write_json
 from benchmarks.results import RunResult
-from benchmarks.online_systems import Factory, online_systems
 from benchmarks.server import server_available
 from benchmarks.systems import SystemOptions, Unavailable, make_system
 from benchmarks.workloads import Sizes, Workload, build
@@ -94,10 +94,10 @@ def _run_online(
 
 
 def _annotate_agreement(runs: list[RunResult], reference: str) -> None:
+    """Each run against the reference system's run of the same workload in the same mode: online prompts
+    are text, which a server re-tokenizes, so only an online reference saw exactly the same input."""
     for run in runs:
-        ref = next(
-            (r for r in runs if r.workload == run.workload and r.system == reference and r.mode == "offline"), None
-        )
+        ref = next((r for r in runs if (r.workload, r.system, r.mode) == (run.workload, reference, run.mode)), None)
         if ref is not None:
             run.agreement = agreement(run.texts, ref.texts)
 

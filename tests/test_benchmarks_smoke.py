@@ -100,7 +100,7 @@ def test_full_harness_on_a_tiny_model(tmp_path: Path, monkeypatch: pytest.Monkey
 
     report = json.loads((out / "results.json").read_text())
     assert status == 0, report["skipped"]
-    for name in ["results.md", "throughput.png", "hit_rate.png"] + (["ttft.png"] if online != "none" else []):
+    for name in ["results.md", "throughput.png", "hit_rate.png"] + (["ttft.png", "latency.png"] if online != "none" else []):
         assert (out / name).stat().st_size > 0, name
     assert report["machine"]["cores"] >= 1 and report["machine"]["torch"]
     # llama.cpp and llama-server need a GGUF file (the tiny model is a folder); vLLM is not installed in

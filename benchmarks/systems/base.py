@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
+from typing import Protocol, Self
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class OnlineSystem(Protocol):
     name: str
     description: str
 
-    def __enter__(self) -> OnlineSystem: ...
+    def __enter__(self) -> Self: ...
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -13,7 +13,9 @@ class MinisglSystem:
         self.name = name
         options = MINISGL_VARIANTS[name]
         self.description = "minisgl LLM.generate, " + ", ".join(f"{k}={v}" for k, v in options.items())
-        self.llm = LLM(opts.model, **{"dtype": opts.dtype, "device": opts.device, "num_threads": opts.threads, **options})
+        self.llm = LLM(
+            opts.model, **{"dtype": opts.dtype, "device": opts.device, "num_threads": opts.threads, **options}
+        )
 
     def generate(self, prompts: list[list[int]], output_len: int) -> list[Completion]:
         params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)

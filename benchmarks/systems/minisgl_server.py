@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from types import TracebackType
+from typing import Self
 
 import httpx
 
@@ -16,7 +17,7 @@ class MinisglServer:
         self.description = description
         self.server = minisgl_server(engine_args)
 
-    def __enter__(self) -> MinisglServer:
+    def __enter__(self) -> Self:
         self.url = start_warm(self.server)
         return self
 
