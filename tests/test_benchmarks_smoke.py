@@ -134,6 +134,9 @@ def test_full_harness_on_a_tiny_model(tmp_path: Path, monkeypatch: pytest.Monkey
         assert served["hit_rate"] > 0.3
         # Each session resends its history (prompt and answer as text) on its next turn.
         assert runs[("online", "minisgl", "multi-turn")]["hit_rate"] > 0.3
+        # Single-stream sends one request at a time: their end-to-end times add up to at most the wall time.
+        single = runs[("online", "minisgl", "single-stream")]
+        assert single["latency"]["e2e_s"]["mean"] * single["requests"] <= single["duration_s"]
         for key in ("ttft_s", "e2e_s"):
             assert served["latency"][key]["p50"] > 0, key
         assert len(served["ttft_s"]) == served["requests"] and all(t > 0 for t in served["ttft_s"])
