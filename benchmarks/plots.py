@@ -47,20 +47,25 @@ def _bars(
     return width
 
 
-def throughput(report: dict[str, Any], path: Path) -> None:
+def throughput(report: dict[str, Any], path: Path) -> bool:
+    if not report["runs"]:
+        return False
     plt = _pyplot()
     workloads, labels, by = _grouped(report["runs"])
     fig, ax = plt.subplots(figsize=(11, 4.5), layout="constrained")
     _bars(ax, workloads, labels, lambda r: r["output_tokens_per_s"], by)
     ax.set_ylabel("output tokens / s")
-    ax.set_title(f"Throughput, {report['config']['output_len']} output tokens per request (higher is better)")
+    ax.set_title("Output throughput (higher is better)")
     fig.legend(loc="outside right upper", fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
-def hit_rate(report: dict[str, Any], path: Path) -> None:
+def hit_rate(report: dict[str, Any], path: Path) -> bool:
     """Measured prefix-cache hit rate per system, with the workload's best possible drawn over each bar."""
+    if not report["runs"]:
+        return False
     plt = _pyplot()
     workloads, labels, by = _grouped(report["runs"])
     fig, ax = plt.subplots(figsize=(11, 4.5), layout="constrained")
@@ -78,6 +83,7 @@ def hit_rate(report: dict[str, Any], path: Path) -> None:
     fig.legend(loc="outside right upper", fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 def ttft(report: dict[str, Any], path: Path) -> bool:
@@ -132,10 +138,9 @@ def latency(report: dict[str, Any], path: Path) -> bool:
 
 def draw_all(report: dict[str, Any], out_dir: Path) -> list[str]:
     """Writes the figures into ``out_dir``; returns their file names."""
-    throughput(report, out_dir / "throughput.png")
-    hit_rate(report, out_dir / "hit_rate.png")
-    names = ["throughput.png", "hit_rate.png"]
-    for name, draw in (("ttft.png", ttft), ("latency.png", latency)):
+    names = []
+    for name, draw in (("throughput.png", throughput), ("hit_rate.png", hit_rate), ("ttft.png", ttft),
+                       ("latency.png", latency)):  # fmt: skip
         if draw(report, out_dir / name):
             names.append(name)
         else:
