@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -63,8 +64,15 @@ class ServerProcess:
         # Lives as long as the server; closed in __exit__.
         self.log = tempfile.NamedTemporaryFile("w+", prefix="bench-server-", suffix=".log", delete=False)
         env = {**os.environ, **self.env}
+        # Its own process group, so stopping it also stops the processes it spawned (vLLM's engine
+        # and workers outlive their API server otherwise).
         self.process = subprocess.Popen(
-            self.command_for_port(self.port), stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT
+            self.command_for_port(self.port),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
         )
         try:
             self._wait_healthy()
@@ -98,18 +106,29 @@ class ServerProcess:
         raise TimeoutError(f"server not healthy after {self.timeout_s:.0f} s; log: {self.log.name}\n{self.log_tail()}")
 
     def _stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
+        if self.process is None:
             return
-        self.process.terminate()  # SIGTERM: every server here shuts down cleanly on it
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process.poll() is None:
+            self.process.terminate()  # SIGTERM: every server here shuts down cleanly on it
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        _kill_group(self.process.pid)  # whatever it left behind
 
     def log_tail(self, chars: int = 4000) -> str:
         self.log.flush()
         return Path(self.log.name).read_text(errors="replace")[-chars:]
+
+
+def _kill_group(pgid: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return  # the group is empty: everything has exited
+        time.sleep(5)
 
 
 def minisgl_server(engine_args: list[str]) -> ServerProcess:
