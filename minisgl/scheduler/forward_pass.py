@@ -15,7 +15,6 @@ from minisgl.sampling import SamplingRows
 class ForwardPass:
     batch: Batch
     reqs: list[Req]  # in batch order
-    extend_lens: list[int]  # new tokens of each
     sampled: list[Req]  # the requests of ``batch.sample_rows``, in order
 
     @classmethod
@@ -48,4 +47,4 @@ class ForwardPass:
             sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=device),
             sampling=SamplingRows([r.params for r in sampled], [r.generator for r in sampled]),
         )
-        return cls(batch, reqs, extend_lens, sampled)
+        return cls(batch, reqs, sampled)

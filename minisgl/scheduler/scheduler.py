@@ -79,14 +79,8 @@ class Scheduler:
             raise ValueError(
                 f"prompt ({len(input_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context of {max_len} tokens"
             )
-        req = Req(
-            rid,
-            list(input_ids),
-            params,
-            namespace,
-            generator=Sampler.generator_for(params),
-            stop_text=IncrementalDetokenizer(self.tokenizer, params.stop) if params.stop else None,
-        )
+        stop_text = IncrementalDetokenizer(self.tokenizer, params.stop) if params.stop else None
+        req = Req(rid, list(input_ids), params, namespace, generator=Sampler.generator_for(params), stop_text=stop_text)
         if align_up(req.max_kv_len, self.engine.page_size) > self.cache_manager.capacity:
             raise ValueError(
                 f"request needs {req.max_kv_len} KV slots but the pool holds {self.cache_manager.capacity}"
@@ -146,7 +140,7 @@ class Scheduler:
 
     def _record_pass(self, work: ForwardPass, plan: PrefillPlan, elapsed: float) -> None:
         """The KV is computed: advance every request, hand prefilled KV to the cache, count."""
-        for req, n in zip(work.reqs, work.extend_lens):
+        for req, n in zip(work.reqs, work.batch.extend_lens.tolist()):
             req.device_len += n
         if work.batch.is_prefill:
             self.stats.prefill_seconds += elapsed
