@@ -65,6 +65,7 @@ class Engine:
         ctx = self.attention.prepare(batch)
         return self.model(batch.input_ids, batch.positions, ctx, batch.sample_rows)
 
+    @torch.inference_mode()
     def sample(self, batch: Batch, logits: torch.Tensor) -> torch.Tensor:
         """The next token of each sampled row (CPU int64)."""
         return self.sampler.sample(logits, batch.sampling)
