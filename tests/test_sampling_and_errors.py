@@ -117,7 +117,8 @@ def test_bad_model_paths(tmp_path: Path) -> None:
     folder = build_tiny_model("llama", tmp_path / "m")
     config = (folder / "config.json").read_text().replace("LlamaForCausalLM", "MadeUpForCausalLM")
     (folder / "config.json").write_text(config)
-    with pytest.raises(ValueError, match="unsupported architecture 'MadeUpForCausalLM'"):
+    supported = r"choose one of \['LlamaForCausalLM', 'MistralForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM', 'Qwen3MoeForCausalLM'\]"
+    with pytest.raises(ValueError, match=f"unsupported architecture 'MadeUpForCausalLM'; {supported}"):
         LLM(str(folder))
 
 

@@ -146,6 +146,23 @@ def test_tiny_qwen3_tp2_matches_tp1_with_chunks_pages_and_cache_hits(tiny_qwen3:
         llm.shutdown()
 
 
+def test_tiny_qwen3_moe_tp2_matches_tp1(tmp_path: Path) -> None:
+    """Every expert's intermediate dimension split over the ranks; one all-reduce per MoE block."""
+    folder = build_tiny_model("qwen3_moe", tmp_path / "moe")
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (1, 12, 50, 23)]
+    options: dict[str, Any] = {"num_page_override": 512, "max_prefill_tokens": 32, "device": "cpu"}
+    ref_llm = LLM(str(folder), **options)
+    reference = tokens(ref_llm, prompts)
+    ref_llm.shutdown()
+    llm = call_with_limit(lambda: LLM(str(folder), tp_size=2, **options))
+    try:
+        assert call_with_limit(lambda: tokens(llm, prompts)) == reference
+        assert_ranks_agree(llm, kv_heads=[1, 1])
+    finally:
+        llm.shutdown()
+
+
 @pytest.mark.parametrize("when", ["idle", "mid-generation"])
 def test_killed_rank_raises_instead_of_hanging(tiny_qwen3: Path, when: str) -> None:
     llm = call_with_limit(lambda: LLM(str(tiny_qwen3), tp_size=2, num_page_override=2048, device="cpu"))

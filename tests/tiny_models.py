@@ -7,9 +7,18 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
 VOCAB = 512
+WINDOW = 24
 _COMMON = {
     "vocab_size": VOCAB,
     "hidden_size": 64,
@@ -25,6 +34,19 @@ CONFIGS = {
     "llama": lambda: LlamaConfig(**_COMMON, head_dim=16, tie_word_embeddings=True),
     "qwen2": lambda: Qwen2Config(**_COMMON),
     "qwen3": lambda: Qwen3Config(**_COMMON, head_dim=32, tie_word_embeddings=False),
+    "mistral": lambda: MistralConfig(**_COMMON, head_dim=16, sliding_window=None),
+    # A window shorter than most prompts plus their outputs, so that it changes the tokens.
+    "mistral_window": lambda: MistralConfig(**_COMMON, head_dim=16, sliding_window=WINDOW),
+    # 8 experts, top-2; layer 1 keeps a dense MLP (mlp_only_layers), layers 0 and 2 are sparse.
+    "qwen3_moe": lambda: Qwen3MoeConfig(
+        **{**_COMMON, "num_hidden_layers": 3},
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        mlp_only_layers=[1],
+    ),
 }
 
 

@@ -14,6 +14,13 @@ class Reducer(Protocol):
         ...
 
 
+class RankGroup(Reducer, Protocol):
+    """A tensor-parallel group as layers see it: this rank's index, the group's size, the sum."""
+
+    rank: int
+    size: int
+
+
 @dataclass(frozen=True)
 class Partition:
     """The share of a weight one tensor-parallel rank holds (Megatron-style).
@@ -22,12 +29,15 @@ class Partition:
     checkpoint part, in row order (QKV: the q, k and v rows of this rank's heads); the output stays
     sharded, nothing is communicated. ``row``: the input columns ``ranges[0]``; each rank's partial
     product is summed over the ranks with ``group.all_reduce``, then the bias (not sharded) is added
-    once. The loader slices checkpoint tensors with the same ranges.
+    once. The loader slices checkpoint tensors with the same ranges. ``reduce=False`` leaves a row
+    partition's partial product unreduced, for a caller that sums several (the experts of a MoE block)
+    and reduces once.
     """
 
     kind: Literal["column", "row"]
     ranges: tuple[tuple[int, int], ...]
     group: Reducer
+    reduce: bool = True
 
     @property
     def size(self) -> int:
@@ -39,8 +49,8 @@ def column(group: Reducer | None, *ranges: tuple[int, int]) -> Partition | None:
     return None if group is None else Partition("column", ranges, group)
 
 
-def row(group: Reducer | None, cols: tuple[int, int]) -> Partition | None:
-    return None if group is None else Partition("row", (cols,), group)
+def row(group: Reducer | None, cols: tuple[int, int], reduce: bool = True) -> Partition | None:
+    return None if group is None else Partition("row", (cols,), group, reduce)
 
 
 # On CPU, oneDNN's matmul with the weight packed once into its blocked layout is much faster than
@@ -70,6 +80,8 @@ class Linear(nn.Module):
     ) -> None:
         super().__init__()
         self.partition = partition
+        if partition is not None and not partition.reduce and bias:
+            raise ValueError("an unreduced row partition cannot add its bias (each rank would add it once)")
         if partition is not None:
             if partition.kind == "column":
                 out_features = partition.size
@@ -82,7 +94,9 @@ class Linear(nn.Module):
         p = self.partition
         if p is None or p.kind == "column":
             return linear(x, self.weight, self.bias)
-        y = p.group.all_reduce(linear(x, self.weight))
+        y = linear(x, self.weight)
+        if p.reduce:
+            y = p.group.all_reduce(y)
         return y if self.bias is None else y + self.bias
 
 

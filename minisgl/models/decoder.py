@@ -1,8 +1,9 @@
 """One decoder-only transformer for every supported family.
 
-Llama, Qwen2 and Qwen3 differ in two switches, so they share this file instead of copying it:
-``qkv_bias`` (Qwen2 adds a bias to the Q/K/V projections) and ``qk_norm`` (Qwen3 RMS-normalises
-each head of Q and K before RoPE).
+Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE differ in two class switches and in what their config
+sets, so they share this file instead of copying it: ``qkv_bias`` (Qwen2 adds a bias to the Q/K/V
+projections), ``qk_norm`` (Qwen3 RMS-normalises each head of Q and K before RoPE) and sparse MoE
+blocks in place of the dense MLP (Qwen3-MoE).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from torch import nn
 
 from minisgl.batch import AttentionContext
 from minisgl.distributed.sharding import HeadShard, even_range, shard_heads
-from minisgl.layers.activation import silu_and_mul
 from minisgl.layers.embedding import VocabEmbedding
 from minisgl.layers.linear import Linear, column, row
+from minisgl.layers.mlp import GatedMLP
+from minisgl.layers.moe import SparseMoE
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import Rope, RotaryEmbedding, apply_rotary
 from minisgl.models.config import ModelConfig
@@ -59,16 +61,12 @@ class Attention(nn.Module):
         return self.o_proj(ctx.attend(self.layer_id, q, k, v))
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPGroup | None) -> None:
-        super().__init__()
-        inter = cfg.intermediate_size
-        part = even_range(inter, tp.size, tp.rank) if tp is not None else (0, inter)
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * inter, partition=column(tp, part, part))
-        self.down_proj = Linear(inter, cfg.hidden_size, partition=row(tp, part))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+def mlp(cfg: ModelConfig, layer_id: int, tp: TPGroup | None) -> nn.Module:
+    """A layer's feed-forward block: sparse MoE where the config makes the layer sparse, else dense."""
+    moe = cfg.moe
+    if moe is not None and moe.is_sparse(layer_id):
+        return SparseMoE(cfg.hidden_size, moe.num_experts, moe.top_k, moe.intermediate_size, moe.norm_topk_prob, tp)
+    return GatedMLP(cfg.hidden_size, cfg.intermediate_size, tp)
 
 
 class DecoderLayer(nn.Module):
@@ -77,7 +75,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer_id, qkv_bias, qk_norm, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, tp)
+        self.mlp = mlp(cfg, layer_id, tp)
 
     def forward(self, x: torch.Tensor, rope: Rope, ctx: AttentionContext) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, ctx)
@@ -110,6 +108,12 @@ class DecoderForCausalLM(nn.Module):
 
     def __init__(self, cfg: ModelConfig, max_positions: int, tp: TPGroup | None = None) -> None:
         super().__init__()
+        if any(w is not None and w < max_positions for w in cfg.layer_windows):
+            # Attention over the window needs the attention backend's masks (issue #15, next step).
+            raise ValueError(
+                f"{cfg.architecture} with sliding_window={max(w or 0 for w in cfg.layer_windows)} shorter than the "
+                f"context ({max_positions}) is not supported yet; pass max_seq_len_override <= the window"
+            )
         self.config, self.tp = cfg, tp
         self.model = DecoderModel(cfg, max_positions, self.qkv_bias or cfg.attention_bias, self.qk_norm, tp)
         vocab = column(tp, vocab_range(cfg, tp)) if tp is not None else None

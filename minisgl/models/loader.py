@@ -20,10 +20,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("minisgl.loader")
 
-# Checkpoint matrices that become one fused parameter, in row order.
+# Checkpoint matrices that become one fused parameter, in row order (gate/up: of a dense MLP and of
+# every MoE expert, ``mlp.experts.N.gate_up_proj``).
 _FUSED = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
 }
 
 
