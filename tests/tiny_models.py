@@ -57,9 +57,13 @@ def _word_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
-def build_tiny_model(kind: str, folder: Path, seed: int = 0) -> Path:
+def build_tiny_model(kind: str, folder: Path, seed: int = 0, **overrides: object) -> Path:
+    """``overrides`` replace config fields (e.g. ``mlp_only_layers=[]``)."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(CONFIGS[kind]())
+    config = CONFIGS[kind]()
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    model = AutoModelForCausalLM.from_config(config)
     # Random init gives near-uniform logits; scale weights up so greedy choices are not near-ties.
     with torch.no_grad():
         for p in model.parameters():

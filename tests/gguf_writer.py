@@ -1,0 +1,146 @@
+"""Write a Hugging Face folder as a GGUF file laid out the way llama.cpp's ``convert_hf_to_gguf.py``
+lays it out, with the ``gguf`` package's writer and its own tensor-name map (not minisgl's): the
+metadata keys its ``TextModel`` writes, llama's Q/K row permutation (llama only), MoE experts
+stacked into one [experts, out, in] tensor per projection, a byte-level BPE tokenizer with its
+pre-tokenizer name, padded to the embedding's rows with ``[PAD{i}]`` tokens. All data F32, so the
+converted model can be compared token for token."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import gguf
+import numpy as np
+from safetensors.numpy import load_file
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+# llama.cpp's architecture for each HF class (it writes Mistral as llama).
+GGUF_ARCH = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3moe",
+}
+
+# The split regexes of the tokenizers llama.cpp names "qwen2" and "llama-bpe" (Llama 3), as in
+# those models' tokenizer.json.
+SPLITS = {
+    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+}
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog. It's 2026, isn't it? We'll see: 12345 + 678 = 13023.",
+    "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)  # (recursive)\n",
+    "Über café naïve — 日本語のテキスト, emoji 🤖!! \"Quoted\" [brackets] {braces} x=(foo)+bar;",
+    "  leading spaces\n\n\ttabs and\r\nnewlines... (hello) world's end, they're done, I'd say.",
+]
+
+
+def train_bpe(pre: str, vocab_size: int) -> PreTrainedTokenizerFast:
+    """A small byte-level BPE tokenizer pre-tokenized like the named llama.cpp tokenizer."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(SPLITS[pre]), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_CORPUS * 20, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIAL[0], eos_token=SPECIAL[0])
+
+
+def _metadata(arch: str, cfg: dict) -> dict[str, int | float]:
+    """What TextModel.set_gguf_parameters (and the llama / qwen2moe converters) write."""
+    rope = cfg.get("rope_parameters") or {}
+    meta: dict[str, int | float] = {
+        "block_count": cfg["num_hidden_layers"],
+        "context_length": cfg["max_position_embeddings"],
+        "embedding_length": cfg["hidden_size"],
+        "feed_forward_length": cfg["intermediate_size"],
+        "attention.head_count": cfg["num_attention_heads"],
+        "attention.head_count_kv": cfg["num_key_value_heads"],
+        "rope.freq_base": float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+        "attention.layer_norm_rms_epsilon": float(cfg["rms_norm_eps"]),
+    }
+    if cfg.get("head_dim") is not None:
+        meta["attention.key_length"] = meta["attention.value_length"] = cfg["head_dim"]
+    if arch == "llama":
+        meta["vocab_size"] = cfg["vocab_size"]
+        meta["rope.dimension_count"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if experts:
+        meta["expert_count"] = experts
+        meta["expert_used_count"] = cfg["num_experts_per_tok"]
+        meta["expert_feed_forward_length"] = cfg["moe_intermediate_size"]
+    return meta
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's LlamaModel.permute: the rotary halves of each head interleaved."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _tensors(arch: str, cfg: dict, weights: dict[str, np.ndarray]) -> Iterable[tuple[str, np.ndarray]]:
+    """(HF name without .weight/.bias, suffix, data), experts stacked per layer and projection."""
+    experts: dict[tuple[int, str], dict[int, np.ndarray]] = {}
+    for name, w in weights.items():
+        if ".mlp.experts." in name:  # model.layers.L.mlp.experts.E.proj.weight
+            parts = name.split(".")
+            experts.setdefault((int(parts[2]), parts[6]), {})[int(parts[5])] = w
+            continue
+        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+            w = _permute(w, cfg["num_attention_heads"])
+        if arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+            w = _permute(w, cfg["num_key_value_heads"])
+        yield name, w
+    for (layer, proj), by_expert in sorted(experts.items()):
+        yield f"model.layers.{layer}.mlp.experts.{proj}.weight", np.stack([by_expert[e] for e in sorted(by_expert)])
+
+
+def write_gguf(
+    folder: Path, path: Path, pre: str, metadata: dict[str, int | float] | None = None, drop: tuple[str, ...] = ()
+) -> Path:
+    """``folder`` (a tiny model saved with a BPE tokenizer) as the GGUF file ``path``; ``metadata``
+    overrides keys, ``drop`` leaves GGUF tensors out (both to test files that do not fit)."""
+    cfg = json.loads((folder / "config.json").read_text())
+    arch = GGUF_ARCH[cfg["architectures"][0]]
+    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), cfg["num_hidden_layers"])
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in {**_metadata(arch, cfg), **(metadata or {})}.items():
+        (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(f"{arch}.{key}", value)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
+    special = {t["content"] for t in tok["added_tokens"] if t["special"]}
+    tokens = [t for t, _ in vocab] + [f"[PAD{i}]" for i in range(len(vocab), cfg["vocab_size"])]
+    types = [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t, _ in vocab]
+    types += [gguf.TokenType.UNUSED] * (len(tokens) - len(vocab))
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(tok["model"]["vocab"][SPECIAL[0]])
+
+    weights = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        weights |= load_file(str(file))
+    for hf_name, w in _tensors(arch, cfg, weights):
+        base, _, suffix = hf_name.rpartition(".")
+        mapped = names.get_name(base)
+        if mapped is None:
+            raise KeyError(f"llama.cpp's {arch} layout has no tensor for {hf_name}")
+        gguf_name = f"{mapped}.{suffix}"
+        if gguf_name not in drop:
+            writer.add_tensor(gguf_name, np.ascontiguousarray(w, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
