@@ -166,3 +166,16 @@ def test_llamacpp_reuses_the_previous_prompt_only() -> None:
         assert system.generate([a], output_len=4)[0].cached_tokens == 0
     finally:
         system.close()
+
+
+def test_moe_decode_counts_the_experts_a_step_reads(tmp_path: Path) -> None:
+    from benchmarks.moe_decode import measure
+
+    folder = build_tiny_model("qwen3_moe", tmp_path / "moe")  # 8 experts, top-2
+    one, many = measure(folder, 1, prompt_len=12, output_len=4), measure(folder, 6, prompt_len=12, output_len=4)
+    assert one["tok_s"] > 0 and many["tok_s"] > 0
+    assert one["active_params"] == many["active_params"]
+    # One token reads its top-2 experts per MoE layer: exactly its active parameters.
+    assert one["bytes_per_step"] == pytest.approx(one["active_params"] * 4)
+    # Six tokens reach more distinct experts, so a step reads more than one token's worth.
+    assert many["bytes_per_step"] > one["bytes_per_step"]
