@@ -27,7 +27,7 @@ def test_sparse_moe_matches_transformers_block(norm_topk_prob: bool) -> None:
     with torch.no_grad():
         for p in theirs.parameters():
             p.normal_()
-    ours = SparseMoE(32, 8, 2, 24, norm_topk_prob, tp=None)
+    ours = SparseMoE(32, 8, 2, 24, norm_topk_prob, tp=None, part=(0, 24))
     with torch.no_grad():
         ours.gate.weight.copy_(theirs.gate.weight)
         for e, expert in enumerate(ours.experts):

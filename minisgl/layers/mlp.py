@@ -5,19 +5,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minisgl.distributed.sharding import even_range
 from minisgl.layers.activation import silu_and_mul
 from minisgl.layers.linear import Linear, RankGroup, column, row
 
 
 class GatedMLP(nn.Module):
     """down(silu(gate x) * up x), gate and up fused into one matmul. Tensor parallelism splits the
-    intermediate dimension: gate/up by columns, down by rows (all-reduced unless ``reduce=False``,
-    where the caller sums several MLPs' partial outputs and reduces once)."""
+    intermediate dimension: this rank holds ``part`` of it, gate/up by columns, down by rows
+    (all-reduced unless ``reduce=False``, where the caller sums several MLPs' partial outputs and
+    reduces once)."""
 
-    def __init__(self, hidden: int, intermediate: int, tp: RankGroup | None, reduce: bool = True) -> None:
+    def __init__(
+        self, hidden: int, intermediate: int, tp: RankGroup | None, part: tuple[int, int], reduce: bool = True
+    ) -> None:
         super().__init__()
-        part = even_range(intermediate, tp.size, tp.rank) if tp is not None else (0, intermediate)
         self.gate_up_proj = Linear(hidden, 2 * intermediate, partition=column(tp, part, part))
         self.down_proj = Linear(intermediate, hidden, partition=row(tp, part, reduce))
 

@@ -19,12 +19,20 @@ class SparseMoE(nn.Module):
     imbalance); the experts' partial outputs are summed locally and all-reduced once per block."""
 
     def __init__(
-        self, hidden: int, num_experts: int, top_k: int, intermediate: int, norm_topk_prob: bool, tp: RankGroup | None
+        self,
+        hidden: int,
+        num_experts: int,
+        top_k: int,
+        intermediate: int,
+        norm_topk_prob: bool,
+        tp: RankGroup | None,
+        part: tuple[int, int],
     ) -> None:
+        """``part``: this rank's range of every expert's intermediate dimension."""
         super().__init__()
         self.top_k, self.norm_topk_prob, self.tp = top_k, norm_topk_prob, tp
         self.gate = Linear(hidden, num_experts)  # the router, replicated on every rank
-        self.experts = nn.ModuleList(GatedMLP(hidden, intermediate, tp, reduce=False) for _ in range(num_experts))
+        self.experts = nn.ModuleList(GatedMLP(hidden, intermediate, tp, part, reduce=False) for _ in range(num_experts))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)

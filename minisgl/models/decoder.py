@@ -65,8 +65,14 @@ def mlp(cfg: ModelConfig, layer_id: int, tp: TPGroup | None) -> nn.Module:
     """A layer's feed-forward block: sparse MoE where the config makes the layer sparse, else dense."""
     moe = cfg.moe
     if moe is not None and moe.is_sparse(layer_id):
-        return SparseMoE(cfg.hidden_size, moe.num_experts, moe.top_k, moe.intermediate_size, moe.norm_topk_prob, tp)
-    return GatedMLP(cfg.hidden_size, cfg.intermediate_size, tp)
+        part = intermediate_range(moe.intermediate_size, tp)
+        return SparseMoE(cfg.hidden_size, moe.num_experts, moe.top_k, moe.intermediate_size, moe.norm_topk_prob, tp, part)
+    return GatedMLP(cfg.hidden_size, cfg.intermediate_size, tp, intermediate_range(cfg.intermediate_size, tp))
+
+
+def intermediate_range(size: int, tp: TPGroup | None) -> tuple[int, int]:
+    """The slice of an MLP's intermediate dimension this rank holds: all of it without TP."""
+    return even_range(size, tp.size, tp.rank) if tp is not None else (0, size)
 
 
 class DecoderLayer(nn.Module):
