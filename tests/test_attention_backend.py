@@ -9,6 +9,7 @@ import torch
 from minisgl.attention.decode import MIN_SHARED_PREFIX, CascadeDecode, MatmulDecode, SdpaDecode, shared_groups
 from minisgl.attention.prefill import CachedPrefill, FreshPrefill, PrefillAttention, SingleFreshPrefill, padding_buckets
 from minisgl.attention.registry import create_backend
+from minisgl.attention.torch_backend import PerLayerWindow
 from minisgl.batch import Batch
 from minisgl.kvcache.pool import KVPool
 
@@ -23,8 +24,8 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return torch.einsum("hl,lhd->hd", torch.softmax(scores, dim=-1), v).flatten()
 
 
-def random_pool(dtype: torch.dtype, g: torch.Generator) -> KVPool:
-    pool = KVPool(1, SLOTS, 1, KV_HEADS, DIM, dtype, torch.device("cpu"))
+def random_pool(dtype: torch.dtype, g: torch.Generator, layers: int = 1) -> KVPool:
+    pool = KVPool(layers, SLOTS, 1, KV_HEADS, DIM, dtype, torch.device("cpu"))
     pool.k.normal_(generator=g)
     pool.v.normal_(generator=g)
     return pool
@@ -141,3 +142,73 @@ def test_prefill_strategies_match_reference(shapes: list[tuple[int, int]], fresh
             torch.testing.assert_close(out[row], expected, rtol=1e-5, atol=1e-5)
             row += 1
     torch.testing.assert_close(pool.v[0][batch.out_slots], v)
+
+
+# Sliding windows: each request attends to its last ``WINDOW`` keys (decode), or each query to the
+# ``window`` positions ending at its own (prefill).
+WINDOW = 120
+
+
+@pytest.mark.parametrize("dtype, strategy", [(torch.float32, SdpaDecode), (torch.bfloat16, MatmulDecode)])
+def test_windowed_decode_reads_the_last_window_keys_and_no_shared_run(dtype: torch.dtype, strategy: type) -> None:
+    g = torch.Generator().manual_seed(2)
+    pool = random_pool(dtype, g)
+    lens = [230, 201, 90, 300]
+    free = torch.randperm(SLOTS, generator=g)
+    table = torch.zeros(len(lens), 512, dtype=torch.int64)
+    for row, n in enumerate(lens):  # all share a 200-slot prefix: full attention would use cascade
+        table[row, :n] = torch.cat([free[: min(n - 1, 200)], free[1000 + 300 * row :][: n - min(n - 1, 200)]])
+    backend = create_backend("torch", pool, table, HEADS, KV_HEADS, DIM, layer_windows=(WINDOW,))
+    batch = hand_built_batch(table, [n - 1 for n in lens], [1] * len(lens), is_prefill=False)
+    ctx = backend.prepare(batch)
+    assert type(ctx) is strategy
+    q, new_k, new_v = (torch.randn(len(lens), h, DIM, generator=g).to(dtype) for h in (HEADS, KV_HEADS, KV_HEADS))
+    out = ctx.attend(0, q, new_k, new_v)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for i, n in enumerate(lens):
+        slots = table[i, max(0, n - WINDOW) : n]
+        expected = reference(q[i].float(), pool.k[0][slots].float(), pool.v[0][slots].float())
+        torch.testing.assert_close(out[i].float(), expected, rtol=tol, atol=tol)
+
+
+# (prefix, new tokens) per request, the window of layer 1 (layer 0 attends fully), and the parts of
+# the windowed layer's context: requests attending their fresh K/V directly (nothing cached and no
+# more new tokens than the window), and padded calls for the rest.
+@pytest.mark.parametrize(
+    "shapes, window, fresh, calls",
+    [
+        ([(0, 20), (100, 7), (0, 5), (37, 40)], 16, 1, 3),
+        ([(150, 3), (10, 60), (150, 4), (0, 9), (3, 1)], 8, 0, 4),
+        ([(0, 33)], 40, 1, 0),
+        ([(0, 33)], 8, 0, 1),
+    ],
+)
+def test_windowed_prefill_per_layer_matches_reference(
+    shapes: list[tuple[int, int]], window: int, fresh: int, calls: int
+) -> None:
+    g = torch.Generator().manual_seed(3)
+    pool = random_pool(torch.float32, g, layers=2)
+    table = torch.randperm(SLOTS, generator=g)[: len(shapes) * 256].view(len(shapes), 256).clone()
+    backend = create_backend("torch", pool, table, HEADS, KV_HEADS, DIM, layer_windows=(None, window))
+    batch = hand_built_batch(table, [p for p, _ in shapes], [n for _, n in shapes], is_prefill=True)
+    tokens = sum(n for _, n in shapes)
+    q, k, v = (torch.randn(tokens, h, DIM, generator=g) for h in (HEADS, KV_HEADS, KV_HEADS))
+    ctx = backend.prepare(batch)
+    assert isinstance(ctx, PerLayerWindow)
+    windowed = ctx.contexts[1]
+    if fresh == 1 and calls == 0:
+        assert isinstance(windowed, SingleFreshPrefill)
+    else:
+        assert isinstance(windowed, PrefillAttention)
+        assert len([run for p in windowed.parts if isinstance(p, FreshPrefill) for run in p.runs]) == fresh
+        assert sum(isinstance(p, CachedPrefill) for p in windowed.parts) == calls
+    for layer, layer_window in enumerate((None, window)):
+        out = ctx.attend(layer, q, k, v)
+        row = 0
+        for r, (prefix, n) in enumerate(shapes):
+            for i in range(n):
+                pos = prefix + i
+                slots = table[r, max(0, pos - layer_window + 1) if layer_window else 0 : pos + 1]
+                expected = reference(q[row], pool.k[layer][slots], pool.v[layer][slots])
+                torch.testing.assert_close(out[row], expected, rtol=1e-5, atol=1e-5)
+                row += 1

@@ -1,5 +1,5 @@
-"""Tiny random-weight Llama / Qwen2 / Qwen3 / Mistral / Qwen3-MoE folders: the folder loader, chunking
-and batching."""
+"""Tiny random-weight Llama / Qwen2 / Qwen3 / Mistral (with and without a sliding window) / Qwen3-MoE
+folders: the folder loader, chunking and batching."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ MAX_TOKENS = 12
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "mistral", "qwen3_moe"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "mistral", "mistral_window", "qwen3_moe"])
 def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
 

@@ -1,6 +1,6 @@
 """Qwen3-MoE's sparse block and Mistral's sliding window, beyond the end-to-end token checks in
-test_engine_tiny.py: the block against transformers' own, experts run once per pass; a window
-shorter than the context is refused until the attention backend masks it."""
+test_engine_tiny.py: the block against transformers' own, experts run once per pass, and the window
+really changes the tokens and survives prefix reuse from the radix cache."""
 
 from __future__ import annotations
 
@@ -61,12 +61,24 @@ def test_each_expert_runs_at_most_once_per_pass(tiny_moe: Path) -> None:
     assert_idle_balanced(llm)
 
 
-def test_window_shorter_than_the_context_is_refused(tmp_path: Path) -> None:
-    folder = build_tiny_model("mistral_window", tmp_path / "w")
-    with pytest.raises(ValueError, match=f"sliding_window={WINDOW} shorter than the context"):
-        LLM(str(folder))
-    # A context no longer than the window makes the window irrelevant: transformers' tokens.
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    llm = LLM(str(folder), max_seq_len_override=WINDOW, num_page_override=256)
-    prompt = list(range(3, 15))
-    assert llm.generate([prompt], GREEDY, use_tqdm=False)[0]["token_ids"] == hf_greedy(hf, prompt, GREEDY.max_tokens)
+@pytest.fixture(scope="module")
+def tiny_window(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model("mistral_window", tmp_path_factory.mktemp("mistral_window"))
+
+
+def test_window_changes_tokens_and_survives_prefix_reuse(tiny_window: Path) -> None:
+    g = torch.Generator().manual_seed(4)
+    prefix = torch.randint(3, VOCAB, (3 * WINDOW,), generator=g).tolist()
+    prompts = [prefix + torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (2, 9, 31)]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_window, dtype=torch.float32).eval()
+    reference = [hf_greedy(hf, ids, GREEDY.max_tokens) for ids in prompts]
+    unwindowed = AutoModelForCausalLM.from_pretrained(tiny_window, dtype=torch.float32, sliding_window=None).eval()
+    assert [hf_greedy(unwindowed, ids, GREEDY.max_tokens) for ids in prompts] != reference  # the window matters
+
+    llm = LLM(str(tiny_window), num_page_override=2048, max_prefill_tokens=20)  # radix cache, chunked prefill
+    first = llm.generate([prompts[0]], GREEDY, use_tqdm=False)[0]
+    rest = llm.generate(prompts[1:], GREEDY, use_tqdm=False)
+    assert [first["token_ids"]] + [o["token_ids"] for o in rest] == reference
+    # The later prompts reused the shared prefix, which is longer than the window, from the cache.
+    assert all(o["meta"]["cached_tokens"] >= len(prefix) for o in rest)
+    assert_idle_balanced(llm)

@@ -14,9 +14,20 @@ class AttentionBackend(ABC):
     """Reads the KV of a batch's requests through ``page_table`` (shared with whoever allocates
     the slots) and writes the new tokens' K/V into ``pool``."""
 
-    def __init__(self, pool: KVPool, page_table: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    def __init__(
+        self,
+        pool: KVPool,
+        page_table: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        layer_windows: tuple[int | None, ...] = (),
+    ) -> None:
+        """``layer_windows``: per layer, the sliding window its tokens attend within (position p sees
+        p - window + 1 .. p), or None for full attention; empty: every layer attends fully."""
         self.pool, self.page_table = pool, page_table
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.layer_windows = layer_windows
 
     @abstractmethod
     def prepare(self, batch: Batch) -> AttentionContext:

@@ -42,28 +42,39 @@ class CachedPrefill:
     """Requests that extend KV in the pool, attended in one padded call: [batch, max_new, max_kv]."""
 
     q_index: torch.Tensor  # [batch * max_new] row of each padded query in the pass's tokens
-    kv_slots: torch.Tensor  # [batch, max_kv] all KV slots of each request (prefix + new tokens)
-    mask: torch.Tensor  # [batch, 1, max_new, max_kv] causal mask shifted by each prefix length
+    kv_slots: torch.Tensor  # [batch, max_kv] KV slots of each request (prefix + new tokens; the window's)
+    mask: torch.Tensor  # [batch, 1, max_new, max_kv] causal (and window) mask shifted by each prefix
     valid: torch.Tensor  # positions in the padded [batch * max_new] layout that are real tokens
     rows: torch.Tensor  # their rows in the pass's tokens
 
     @classmethod
-    def build(cls, page_table: torch.Tensor, reqs: list[tuple[int, int, int, int]]) -> CachedPrefill:
-        """``reqs``: (first row in the pass's tokens, new tokens, prefix, page-table row) each."""
+    def build(
+        cls, page_table: torch.Tensor, reqs: list[tuple[int, int, int, int]], window: int | None = None
+    ) -> CachedPrefill:
+        """``reqs``: (first row in the pass's tokens, new tokens, prefix, page-table row) each. With a
+        ``window``, each request's keys start at the first one its first query sees."""
         device = page_table.device
         starts, new_lens, prefixes, rows = (list(column) for column in zip(*reqs))
-        start_t, new_t, prefix_t = (torch.tensor(x, device=device) for x in (starts, new_lens, prefixes))
-        max_new, max_kv = max(new_lens), max(p + n for p, n in zip(prefixes, new_lens))
+        firsts = [first_key(p, window) for p in prefixes]
+        start_t, new_t, prefix_t, first_t = (torch.tensor(x, device=device) for x in (starts, new_lens, prefixes, firsts))
+        max_new, max_kv = max(new_lens), max(p + n - f for p, n, f in zip(prefixes, new_lens, firsts))
         i = torch.arange(max_new, device=device)
         j = torch.arange(max_kv, device=device)
         real = i.unsqueeze(0) < new_t.unsqueeze(1)  # [batch, max_new]
-        # Query i of a request sees keys up to its own position (prefix + i). Padded queries see
-        # key 0 only, so that no row is fully masked (they are dropped afterwards).
-        mask = j.view(1, 1, -1) <= (prefix_t.view(-1, 1, 1) + i.view(1, -1, 1)) * real.unsqueeze(2)
+        q_pos = (prefix_t.unsqueeze(1) + i.unsqueeze(0)).unsqueeze(2)  # [batch, max_new, 1]
+        k_pos = first_t.unsqueeze(1) + j.unsqueeze(0)  # [batch, max_kv]
+        # Query i of a request sees keys up to its own position (prefix + i), within the window.
+        mask = k_pos.unsqueeze(1) <= q_pos
+        if window is not None:
+            mask &= k_pos.unsqueeze(1) > q_pos - window
+        # Padded queries see key 0 only, so that no row is fully masked (they are dropped afterwards).
+        mask = torch.where(real.unsqueeze(2), mask, (j == 0).view(1, 1, -1))
         q_rows = start_t.unsqueeze(1) + i.unsqueeze(0) * real
+        # Columns past a request's keys are masked out; clamped so that they stay inside the table.
+        cols = k_pos.clamp(max=page_table.shape[1] - 1)
         return cls(
             q_index=q_rows.flatten(),
-            kv_slots=page_table[torch.tensor(rows, device=device), :max_kv].contiguous(),
+            kv_slots=page_table[torch.tensor(rows, device=device).unsqueeze(1), cols].contiguous(),
             mask=mask.unsqueeze(1),
             valid=real.flatten().nonzero().squeeze(1),
             rows=q_rows[real],
@@ -77,6 +88,11 @@ class CachedPrefill:
         vi = pool.v[layer_id].index_select(0, self.kv_slots.view(-1)).view(kv_shape).transpose(1, 2)
         o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=self.mask, enable_gqa=True)
         out.index_copy_(0, self.rows, o.transpose(1, 2).flatten(2).flatten(0, 1).index_select(0, self.valid))
+
+
+def first_key(prefix: int, window: int | None) -> int:
+    """The first position that the first new token after ``prefix`` cached ones attends to."""
+    return 0 if window is None else max(0, prefix - window + 1)
 
 
 def padding_buckets(new_lens: list[int], kv_lens: list[int]) -> list[list[int]]:

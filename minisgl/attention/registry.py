@@ -15,6 +15,12 @@ ATTENTION_BACKENDS: Registry[type[AttentionBackend]] = Registry(
 
 
 def create_backend(
-    name: str, pool: KVPool, page_table: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int
+    name: str,
+    pool: KVPool,
+    page_table: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    layer_windows: tuple[int | None, ...] = (),
 ) -> AttentionBackend:
-    return ATTENTION_BACKENDS.get(name)(pool, page_table, num_heads, num_kv_heads, head_dim)
+    return ATTENTION_BACKENDS.get(name)(pool, page_table, num_heads, num_kv_heads, head_dim, layer_windows)

@@ -1,6 +1,7 @@
 """Attention with ``torch.nn.functional.scaled_dot_product_attention`` over the paged pool (CPU,
 CUDA). ``prepare`` picks one strategy per batch (``prefill.py``, ``decode.py``) and builds its
-metadata; the layers' calls then only run it."""
+metadata; the layers' calls then only run it. A model with sliding-window layers gets one context
+per distinct window, each layer's calls routed to its own."""
 
 from __future__ import annotations
 
@@ -15,50 +16,84 @@ from minisgl.attention.prefill import (
     PrefillAttention,
     PrefillPart,
     SingleFreshPrefill,
+    first_key,
     padding_buckets,
 )
 from minisgl.batch import AttentionContext, Batch
 from minisgl.kvcache.pool import KVPool
 
 
+class PerLayerWindow:
+    """A model whose layers attend within different windows: each layer's call goes to the context
+    built for its window."""
+
+    def __init__(self, contexts: list[AttentionContext]) -> None:
+        self.contexts = contexts  # one per layer
+
+    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.contexts[layer_id].attend(layer_id, q, k, v)
+
+
 class TorchAttentionBackend(AttentionBackend):
-    def __init__(self, pool: KVPool, page_table: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
-        super().__init__(pool, page_table, num_heads, num_kv_heads, head_dim)
+    def __init__(
+        self,
+        pool: KVPool,
+        page_table: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        layer_windows: tuple[int | None, ...] = (),
+    ) -> None:
+        super().__init__(pool, page_table, num_heads, num_kv_heads, head_dim, layer_windows)
         # Decided once: in half precision on CPU, matmuls beat SDPA's GQA path; in fp32 its flash
         # kernel wins at long contexts, and on CUDA SDPA is the fused kernel.
         half_on_cpu = pool.k.dtype != torch.float32 and pool.k.device.type == "cpu"
         self._plain_decode: type[DecodeAttention] = MatmulDecode if half_on_cpu else SdpaDecode
 
     def prepare(self, batch: Batch) -> AttentionContext:
-        return self._prepare_prefill(batch) if batch.is_prefill else self._prepare_decode(batch)
+        windows = set(self.layer_windows)
+        if len(windows) <= 1:  # every layer alike: one context
+            return self._prepare_window(batch, next(iter(windows), None))
+        by_window = {w: self._prepare_window(batch, w) for w in windows}
+        return PerLayerWindow([by_window[w] for w in self.layer_windows])
 
-    def _prepare_prefill(self, batch: Batch) -> AttentionContext:
+    def _prepare_window(self, batch: Batch, window: int | None) -> AttentionContext:
+        """The context of the layers that attend within ``window`` (None: fully)."""
+        return self._prepare_prefill(batch, window) if batch.is_prefill else self._prepare_decode(batch, window)
+
+    def _prepare_prefill(self, batch: Batch, window: int | None) -> AttentionContext:
+        """Requests with nothing cached (and, with a window, no more new tokens than it) attend to
+        their fresh K/V directly; the rest are gathered into padded calls."""
         prefixes, new_lens, rows = batch.prefix_lens.tolist(), batch.extend_lens.tolist(), batch.table_rows.tolist()
-        if len(new_lens) == 1 and prefixes[0] == 0:
-            return SingleFreshPrefill(self.pool, batch.out_slots)
         fresh: list[tuple[int, int]] = []
-        extending: list[tuple[int, int, int, int]] = []  # (first token row, new tokens, prefix, table row)
+        gathered: list[tuple[int, int, int, int]] = []  # (first token row, new tokens, prefix, table row)
         q_start = 0
         for prefix, n, row in zip(prefixes, new_lens, rows):
-            if prefix == 0:
+            if prefix == 0 and (window is None or n <= window):
                 fresh.append((q_start, n))
             else:
-                extending.append((q_start, n, prefix, row))
+                gathered.append((q_start, n, prefix, row))
             q_start += n
+        if len(fresh) == 1 and not gathered:
+            return SingleFreshPrefill(self.pool, batch.out_slots)
         parts: list[PrefillPart] = [FreshPrefill(fresh)] if fresh else []
-        buckets = padding_buckets([e[1] for e in extending], [e[1] + e[2] for e in extending])
-        parts += [CachedPrefill.build(self.page_table, [extending[i] for i in b]) for b in buckets]
+        kv_lens = [n + prefix - first_key(prefix, window) for _, n, prefix, _ in gathered]
+        buckets = padding_buckets([g[1] for g in gathered], kv_lens)
+        parts += [CachedPrefill.build(self.page_table, [gathered[i] for i in b], window) for b in buckets]
         return PrefillAttention(self.pool, batch.out_slots, parts)
 
-    def _prepare_decode(self, batch: Batch) -> DecodeAttention:
+    def _prepare_decode(self, batch: Batch, window: int | None) -> DecodeAttention:
         device = self.page_table.device
         kv_lens = batch.kv_lens.to(device)
         slot_rows = self.page_table[batch.table_rows.to(device), : int(kv_lens.max())]
-        groups = shared_groups(slot_rows, kv_lens)
-        starts = torch.zeros_like(kv_lens)
+        # A window reads only each request's last ``window`` keys, and no shared runs (a shared
+        # prefix may lie partly outside it).
+        groups = shared_groups(slot_rows, kv_lens) if window is None else []
+        starts = torch.zeros_like(kv_lens) if window is None else (kv_lens - window).clamp(min=0)
         for members, run_len in groups:
             starts[members] = run_len
-        # Each request's own part: from its shared run's end (or 0) to its length, left-aligned.
+        # Each request's own part: from its shared run's end, its window's start, or 0, to its
+        # length, left-aligned.
         own_lens = kv_lens - starts
         max_len = int(own_lens.max())
         positions = torch.arange(max_len, device=device).unsqueeze(0)

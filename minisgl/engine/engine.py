@@ -50,8 +50,9 @@ class Engine:
         )
         self.table = TableManager(config.max_running_req, self.max_seq_len, self.device)
         self.attention = create_backend(
-            config.attention_backend, self.pool, self.table.page_table, heads.num_q, heads.num_kv, cfg.head_dim
-        )
+            config.attention_backend, self.pool, self.table.page_table, heads.num_q, heads.num_kv, cfg.head_dim,
+            cfg.layer_windows,
+        )  # fmt: skip
         self.sampler = Sampler(config.seed)
         logger.info(
             "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s) on %s; context %d",

@@ -2,8 +2,9 @@
 
 Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE differ in two class switches and in what their config
 sets, so they share this file instead of copying it: ``qkv_bias`` (Qwen2 adds a bias to the Q/K/V
-projections), ``qk_norm`` (Qwen3 RMS-normalises each head of Q and K before RoPE) and sparse MoE
-blocks in place of the dense MLP (Qwen3-MoE).
+projections), ``qk_norm`` (Qwen3 RMS-normalises each head of Q and K before RoPE), sparse MoE
+blocks in place of the dense MLP (Qwen3-MoE) and a per-layer sliding window (Mistral), which the
+attention backend applies (``ModelConfig.layer_windows``).
 """
 
 from __future__ import annotations
@@ -114,12 +115,6 @@ class DecoderForCausalLM(nn.Module):
 
     def __init__(self, cfg: ModelConfig, max_positions: int, tp: TPGroup | None = None) -> None:
         super().__init__()
-        if any(w is not None and w < max_positions for w in cfg.layer_windows):
-            # Attention over the window needs the attention backend's masks (issue #15, next step).
-            raise ValueError(
-                f"{cfg.architecture} with sliding_window={max(w or 0 for w in cfg.layer_windows)} shorter than the "
-                f"context ({max_positions}) is not supported yet; pass max_seq_len_override <= the window"
-            )
         self.config, self.tp = cfg, tp
         self.model = DecoderModel(cfg, max_positions, self.qkv_bias or cfg.attention_bias, self.qk_norm, tp)
         vocab = column(tp, vocab_range(cfg, tp)) if tp is not None else None
