@@ -82,3 +82,17 @@ def test_window_changes_tokens_and_survives_prefix_reuse(tiny_window: Path) -> N
     # The later prompts reused the shared prefix, which is longer than the window, from the cache.
     assert all(o["meta"]["cached_tokens"] >= len(prefix) for o in rest)
     assert_idle_balanced(llm)
+
+
+def test_per_layer_windows_match_transformers(tmp_path: Path) -> None:
+    folder = build_tiny_model("qwen2_window", tmp_path / "q")
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (70, 40, 5)]
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    reference = [hf_greedy(hf, ids, GREEDY.max_tokens) for ids in prompts]
+    full = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, layer_types=["full_attention"] * 2).eval()
+    assert [hf_greedy(full, ids, GREEDY.max_tokens) for ids in prompts] != reference  # layer 1's window matters
+    llm = LLM(str(folder), num_page_override=1024, max_prefill_tokens=16)
+    assert llm.scheduler.engine.model_config.layer_windows == (None, WINDOW)
+    assert [o["token_ids"] for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == reference
+    assert_idle_balanced(llm)

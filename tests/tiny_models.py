@@ -37,6 +37,8 @@ CONFIGS = {
     "mistral": lambda: MistralConfig(**_COMMON, head_dim=16, sliding_window=None),
     # A window shorter than most prompts plus their outputs, so that it changes the tokens.
     "mistral_window": lambda: MistralConfig(**_COMMON, head_dim=16, sliding_window=WINDOW),
+    # Qwen2 with use_sliding_window: layers from max_window_layers on slide (layer 1), layer 0 does not.
+    "qwen2_window": lambda: Qwen2Config(**_COMMON, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
     # 8 experts, top-2; layer 1 keeps a dense MLP (mlp_only_layers), layers 0 and 2 are sparse.
     "qwen3_moe": lambda: Qwen3MoeConfig(
         **{**_COMMON, "num_hidden_layers": 3},
