@@ -7,7 +7,7 @@ the output in a way this engine cannot honour are accepted only at their no-op v
 from __future__ import annotations
 
 import re
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -29,6 +29,23 @@ class ContentPart(msgspec.Struct, kw_only=True):
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: str
     content: str | list[ContentPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool turn: the call it answers
+    name: str | None = None
+
+
+class JsonSchemaFormat(msgspec.Struct, kw_only=True):
+    name: str | None = None
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None  # the output always matches the schema, whatever this says
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    """OpenAI's ``response_format``: "text", "json_object", or "json_schema" with ``json_schema``."""
+
+    type: str
+    json_schema: JsonSchemaFormat | None = None
 
 
 class OpenAISampling(msgspec.Struct, kw_only=True):
@@ -48,6 +65,7 @@ class OpenAISampling(msgspec.Struct, kw_only=True):
     ignore_eos: bool | None = None
     n: int | None = None
     cache_salt: str | None = None  # prefix-cache namespace: only requests with the same salt share
+    response_format: ResponseFormat | None = None
     # Accepted only at their no-op values.
     logprobs: bool | int | None = None
     presence_penalty: float | None = None
@@ -64,6 +82,8 @@ class OpenAISampling(msgspec.Struct, kw_only=True):
             return "frequency_penalty"
         if self.logit_bias:
             return "logit_bias"
+        if self.response_format is not None and self.response_format.type != "text":
+            return "response_format"
         return None
 
 
@@ -71,7 +91,9 @@ class ChatCompletionRequest(OpenAISampling, kw_only=True):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None  # the newer name of max_tokens; wins when both are set
     top_logprobs: int | None = None
-    tools: list[dict[str, object]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # a forced call is one call; in "auto" the model may make several
 
     def unsupported(self) -> str | None:
         if self.top_logprobs:

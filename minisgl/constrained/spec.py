@@ -1,0 +1,41 @@
+"""What a request asks its output to match, in a form that travels between processes (plain strings)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+GrammarKind = Literal["json_schema", "regex", "ebnf"]
+
+# OpenAI's ``{"type": "json_object"}`` as a schema: any JSON object. Schemas compile strictly (undeclared
+# properties forbidden unless allowed), so they are allowed explicitly.
+JSON_OBJECT_SCHEMA = '{"type": "object", "additionalProperties": true}'
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    kind: GrammarKind
+    source: str  # the schema as JSON text, the regex, or the EBNF grammar
+
+    @classmethod
+    def from_fields(cls, json_schema: str | None, regex: str | None, ebnf: str | None) -> GrammarSpec | None:
+        """The one grammar given by SGLang's ``sampling_params`` fields; ``ValueError`` if several are set."""
+        given = [(k, v) for k, v in (("json_schema", json_schema), ("regex", regex), ("ebnf", ebnf)) if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"at most one of json_schema, regex and ebnf may be set, got {[k for k, _ in given]}")
+        if not given:
+            return None
+        kind, source = given[0]
+        if not isinstance(source, str) or not source.strip():
+            raise ValueError(f"{kind} must be a non-empty string, got {source!r}")
+        return cls(kind, source)  # type: ignore[arg-type]
+
+
+def schema_text(schema: str | dict[str, Any]) -> str:
+    """A JSON schema as text (keys keep their order: it is the order properties are generated in)."""
+    if isinstance(schema, str):
+        return schema
+    if isinstance(schema, dict):
+        return json.dumps(schema)
+    raise ValueError(f"json_schema must be a JSON object or its text, got {type(schema).__name__}")
