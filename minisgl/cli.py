@@ -27,6 +27,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens, help="token budget of one prefill pass; longer prompts are chunked")
     g.add_argument("--num-threads", type=int, default=None, help="torch threads on CPU, per rank (default: all cores, shared out among the ranks of a node)")
     g.add_argument("--seed", type=int, default=d.seed, help="seed for requests that sample without their own seed")
+    g.add_argument("--no-jump-forward", action="store_false", dest="jump_forward", help="constrained requests sample every token, even those their grammar forces")
     g.add_argument("--tp-size", type=int, default=d.tp_size, help="tensor-parallel ranks (processes), in all nodes")
     g.add_argument("--nnodes", type=int, default=d.nnodes, help="machines the tensor-parallel ranks span")
     g.add_argument("--node-rank", type=int, default=d.node_rank, help="this machine's index (0 runs the scheduler)")

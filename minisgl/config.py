@@ -26,6 +26,7 @@ class EngineConfig:
     attention_backend: str = "torch"
     num_threads: int | None = None  # torch intra-op threads on CPU (per rank); None = all cores / ranks per node
     seed: int = 0
+    jump_forward: bool = True  # constrained requests append the text their grammar forces without sampling it
     tp_size: int = 1  # tensor-parallel ranks in all (1: no process group at all)
     nnodes: int = 1  # machines the ranks are spread over (tp_size / nnodes ranks each)
     node_rank: int = 0  # this machine's index; node 0 runs the scheduler

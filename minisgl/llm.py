@@ -9,6 +9,7 @@ from typing import Any
 from tqdm import tqdm
 
 from minisgl.config import EngineConfig
+from minisgl.constrained.tool_calls import parse_tools
 from minisgl.request import Req
 from minisgl.sampling import SamplingParams
 from minisgl.scheduler.scheduler import Scheduler
@@ -16,7 +17,7 @@ from minisgl.text.chat import render_chat
 from minisgl.text.detokenizer import detokenize
 
 Prompt = str | list[int]
-Message = dict[str, str]
+Message = dict[str, Any]
 
 
 class LLM:
@@ -70,13 +71,15 @@ class LLM:
         conversations: Sequence[Sequence[Message]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[dict[str, Any]]:
-        """Like ``generate``, with each conversation rendered by the model's chat template."""
-        prompts: list[Prompt] = [self.apply_chat_template(conv) for conv in conversations]
+        """Like ``generate``, with each conversation rendered by the model's chat template (with
+        ``tools``, OpenAI's function definitions, if given; parse calls with ``parse_tool_calls``)."""
+        prompts: list[Prompt] = [self.apply_chat_template(conv, tools) for conv in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def apply_chat_template(self, conversation: Sequence[Message]) -> list[int]:
-        return render_chat(self.tokenizer, conversation)
+    def apply_chat_template(self, conversation: Sequence[Message], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        return render_chat(self.tokenizer, conversation, parse_tools(tools or []))
 
     def _result(self, req: Req) -> dict[str, Any]:
         return {

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minisgl.constrained.matcher import GrammarMatcher
 from minisgl.kvcache.base import CacheHandle
 from minisgl.sampling import SamplingParams
 from minisgl.text.detokenizer import IncrementalDetokenizer
@@ -27,6 +28,7 @@ class Req:
     namespace: str | None = None  # cache_salt: requests only share cache entries within one namespace
     prompt_len: int = field(init=False)
     generator: torch.Generator | None = None
+    grammar: GrammarMatcher | None = None  # what the output must match, advanced token by token
     row: int = -1  # page-table row while admitted
     handle: CacheHandle | None = None
     cached_len: int = 0

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+
+from minisgl.constrained.matcher import GrammarMatcher, mask_logits
+from minisgl.constrained.spec import GrammarSpec, schema_text
 
 
 @dataclass
@@ -18,12 +22,25 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # Constrained decoding, at most one (SGLang's names): the output matches this JSON schema (a dict
+    # or its text), regular expression or EBNF grammar, and ends when the grammar does.
+    json_schema: str | dict[str, Any] | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
+        if self.json_schema is not None:
+            self.json_schema = schema_text(self.json_schema)
+
+    @property
+    def grammar(self) -> GrammarSpec | None:
+        """The grammar the output must match; ``ValueError`` if several are set."""
+        assert not isinstance(self.json_schema, dict), "normalized to text on construction"
+        return GrammarSpec.from_fields(self.json_schema, self.regex, self.ebnf)
 
     @property
     def greedy(self) -> bool:
@@ -47,6 +64,7 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be token ids in [0, {vocab_size}), got {self.stop_token_ids!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        _ = self.grammar  # raises if several are set; the scheduler compiles (and checks) it
 
 
 def _filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -72,6 +90,7 @@ class SamplingRows:
 
     params: list[SamplingParams] = field(default_factory=list)
     generators: list[torch.Generator | None] = field(default_factory=list)
+    grammars: list[GrammarMatcher | None] = field(default_factory=list)  # constrained rows' matchers
 
 
 class Sampler:
@@ -88,7 +107,10 @@ class Sampler:
         return torch.Generator().manual_seed(params.seed)
 
     def sample(self, logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
-        """``logits``: [batch, vocab] → next token ids [batch] (int64, on the CPU)."""
+        """``logits``: [batch, vocab] → next token ids [batch] (int64, on the CPU). Rows with a grammar
+        sample only among the tokens it allows next (``logits`` is masked in place)."""
+        if any(g is not None for g in rows.grammars):
+            mask_logits(logits, rows.grammars)
         next_ids = torch.argmax(logits, dim=-1).cpu()
         sampled_rows = [i for i, p in enumerate(rows.params) if not p.greedy]
         if sampled_rows:

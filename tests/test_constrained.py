@@ -30,6 +30,7 @@ from minisgl.constrained.tool_calls import (
     tool_choice_name,
 )
 from minisgl.models.loader import resolve_model_path
+from minisgl.sampling import SamplingParams
 
 EOS = 2  # SmolLM2's <|im_end|>
 
@@ -176,6 +177,14 @@ def test_one_grammar_per_request() -> None:
         GrammarSpec.from_fields(None, "a", 'root ::= "a"')
     with pytest.raises(ValueError, match="regex must be a non-empty string"):
         GrammarSpec.from_fields(None, " ", None)
+
+
+def test_sampling_params_carry_one_grammar() -> None:
+    params = SamplingParams(json_schema={"type": "object", "properties": {"b": {}, "a": {}}})
+    assert params.grammar == GrammarSpec("json_schema", '{"type": "object", "properties": {"b": {}, "a": {}}}')
+    assert SamplingParams().grammar is None
+    with pytest.raises(ValueError, match=r"at most one of json_schema, regex and ebnf"):
+        SamplingParams(regex="a", ebnf='root ::= "a"').validate(100)
 
 
 # -- tool calling --------------------------------------------------------------------------------

@@ -45,6 +45,8 @@ class ForwardPass:
             prefix_lens=torch.tensor([r.device_len for r in reqs], dtype=torch.int64),
             extend_lens=torch.tensor(extend_lens, dtype=torch.int64),
             sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=device),
-            sampling=SamplingRows([r.params for r in sampled], [r.generator for r in sampled]),
+            sampling=SamplingRows(
+                [r.params for r in sampled], [r.generator for r in sampled], [r.grammar for r in sampled]
+            ),
         )
         return cls(batch, reqs, sampled)

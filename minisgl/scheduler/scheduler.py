@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from minisgl.config import EngineConfig
+from minisgl.constrained.compiler import GrammarCompiler
 from minisgl.engine.engine import Engine
 from minisgl.engine.runner import LocalRunner, Runner
 from minisgl.kvcache.registry import create_prefix_cache
@@ -52,6 +53,8 @@ class Scheduler:
         if tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
         self.eos_ids = frozenset(eos)
+        self.grammars = GrammarCompiler(tokenizer, engine.model_config.vocab_size, sorted(self.eos_ids))
+        self.jump_forward = config.jump_forward
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Scheduler:
@@ -80,7 +83,11 @@ class Scheduler:
                 f"prompt ({len(input_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context of {max_len} tokens"
             )
         stop_text = IncrementalDetokenizer(self.tokenizer, params.stop) if params.stop else None
-        req = Req(rid, list(input_ids), params, namespace, generator=Sampler.generator_for(params), stop_text=stop_text)
+        spec = params.grammar
+        grammar = self.grammars.matcher(spec) if spec is not None else None  # compiled, or ValueError
+        req = Req(
+            rid, list(input_ids), params, namespace, generator=Sampler.generator_for(params), grammar=grammar, stop_text=stop_text
+        )
         if align_up(req.max_kv_len, self.engine.page_size) > self.cache_manager.capacity:
             raise ValueError(
                 f"request needs {req.max_kv_len} KV slots but the pool holds {self.cache_manager.capacity}"
@@ -116,7 +123,10 @@ class Scheduler:
         start = time.perf_counter()
         next_ids = self.runner.forward(work.batch).tolist()
         self._record_pass(work, plan, time.perf_counter() - start)
-        return [self._process_token(req, token) for req, token in zip(work.sampled, next_ids)]
+        outputs: list[TokenOutput] = []
+        for req, token in zip(work.sampled, next_ids):
+            outputs += self._process_token(req, token)
+        return outputs
 
     def _admit(self, plan: PrefillPlan) -> None:
         for req in plan.admitted:
@@ -127,7 +137,8 @@ class Scheduler:
 
     def _prefill_pass(self, plan: PrefillPlan) -> ForwardPass:
         decoding = [r for r in self.running if not r.is_prefilling]
-        reqs, lens = plan.reqs + decoding, plan.lens + [1] * len(decoding)
+        # A decoding request has one new token, or more after a jump-forward.
+        reqs, lens = plan.reqs + decoding, plan.lens + [r.extend_len for r in decoding]
         self.cache_manager.allocate(reqs, [r.device_len + n for r, n in zip(reqs, lens)])
         return ForwardPass.build(reqs, lens, True, self.engine.table.page_table)
 
@@ -136,10 +147,13 @@ class Scheduler:
         if not reqs:
             return None
         self.cache_manager.allocate(reqs, [r.seq_len for r in reqs])
-        return ForwardPass.build(reqs, [1] * len(reqs), False, self.engine.table.page_table)
+        lens = [r.extend_len for r in reqs]
+        # A request that jumped forward has several new tokens: computed in an extend (prefill) pass.
+        return ForwardPass.build(reqs, lens, any(n > 1 for n in lens), self.engine.table.page_table)
 
     def _record_pass(self, work: ForwardPass, plan: PrefillPlan, elapsed: float) -> None:
         """The KV is computed: advance every request, hand prefilled KV to the cache, count."""
+        self.stats.forward_passes += 1
         for req, n in zip(work.reqs, work.batch.extend_lens.tolist()):
             req.device_len += n
         if work.batch.is_prefill:
@@ -153,22 +167,47 @@ class Scheduler:
             self.stats.decode_tokens += len(work.reqs)
             self.stats.decode_kv_tokens += sum(r.device_len for r in work.reqs)
 
-    def _process_token(self, req: Req, token: int) -> TokenOutput:
-        """Everything done per request with its sampled token: append it, check whether the
-        request finished, retire it if so."""
+    def _process_token(self, req: Req, token: int) -> list[TokenOutput]:
+        """Everything done per request with its sampled token: append it (and the tokens its
+        grammar forces after it), check whether the request finished, retire it if so. One output
+        per appended token, the last carrying the finish reason."""
         req.token_ids.append(token)
-        self.stats.generated_tokens += 1
-        reason = self._finish_reason(req, token)
+        forced = self._advance_grammar(req, token)
+        if forced is None:
+            tokens, reason = [token], "abort"
+        else:
+            req.token_ids.extend(forced)
+            tokens = [token, *forced]
+            reason = self._finish_reason(req, tokens)
+        self.stats.generated_tokens += len(tokens)
         if reason is not None:
             self._retire(req, reason)
-        return TokenOutput(req.rid, token, reason)
+        return [TokenOutput(req.rid, t, reason if i == len(tokens) - 1 else None) for i, t in enumerate(tokens)]
 
-    def _finish_reason(self, req: Req, token: int) -> str | None:
+    def _advance_grammar(self, req: Req, token: int) -> list[int] | None:
+        """Feed the sampled token to the request's grammar; returns the tokens the grammar forces next
+        (jump-forward), appended without sampling and computed together in the next pass. None if
+        the grammar rejects the token (the mask makes that a bug): that request alone is aborted."""
+        if req.grammar is None:
+            return []
+        if not req.grammar.accept(token):
+            logger.error("request %d: sampled token %d is outside its grammar; aborting it", req.rid, token)
+            return None
+        if not self.jump_forward or req.grammar.is_terminated:
+            return []
+        return req.grammar.jump_forward(self.tokenizer, req.params.max_tokens - len(req.output_ids))
+
+    def _finish_reason(self, req: Req, tokens: list[int]) -> str | None:
+        """``tokens``: just appended, the first sampled, the rest forced by the grammar."""
         params = req.params
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_ids):
+        if req.grammar is not None and req.grammar.is_terminated:
+            return "stop"
+        sampled = tokens[0]
+        if sampled in params.stop_token_ids or (not params.ignore_eos and sampled in self.eos_ids):
             return "stop"
         if req.stop_text is not None:
-            req.stop_text.push(token)
+            for token in tokens:
+                req.stop_text.push(token)
             if req.stop_text.stopped:
                 return "stop"
         if len(req.output_ids) >= params.max_tokens:

@@ -18,6 +18,7 @@ class EngineStats:
     prefill_tokens: int = 0  # tokens actually computed in prefill passes
     generated_tokens: int = 0
     finished_requests: int = 0
+    forward_passes: int = 0  # of any kind (a jump-forward's extend pass too)
     prefill_seconds: float = 0.0  # wall time of prefill passes, decode tokens riding along included
     decode_seconds: float = 0.0  # wall time of decode-only passes (forward and sampling)
     decode_steps: int = 0

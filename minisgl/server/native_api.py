@@ -44,6 +44,9 @@ def native_router(ctx: ServerContext) -> APIRouter:
             stop=stop_list(sp.stop),
             stop_token_ids=sp.stop_token_ids or [],
             ignore_eos=sp.ignore_eos,
+            json_schema=sp.json_schema,
+            regex=sp.regex,
+            ebnf=sp.ebnf,
         )
         gen = ctx.generation([prompt], params, 1, body.cache_salt)
         await gen.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -11,6 +12,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from transformers import PreTrainedTokenizerBase
 
+from minisgl.constrained.spec import JSON_OBJECT_SCHEMA
+from minisgl.constrained.tool_calls import (
+    Tool,
+    forced_call_grammar,
+    parse_tools,
+    tool_choice_name,
+)
 from minisgl.sampling import SamplingParams
 from minisgl.server.context import ServerContext, wait_for_disconnect
 from minisgl.server.engine_client import EngineDead
@@ -21,10 +29,12 @@ from minisgl.server.schemas import (
     ChatMessage,
     CompletionRequest,
     OpenAISampling,
+    ResponseFormat,
     decode_body,
     stop_list,
 )
 from minisgl.server.streaming import SSE_DONE, GenerationStream, sse
+from minisgl.server.tool_output import ChatToolCalls
 from minisgl.text.chat import render_chat
 
 DEFAULT_MAX_TOKENS = 256  # when the client sets none: up to this many, never past the context
@@ -40,10 +50,16 @@ def openai_router(ctx: ServerContext) -> APIRouter:
     async def chat_completions(request: Request) -> Response:
         body = decode_body(await ctx.body(request), ChatCompletionRequest)
         _check_common(ctx, body)
-        prompts = [chat_prompt_ids(ctx.tokenizer, body.messages)]
+        tools, choice = _tools(body)
+        offered = tools if choice != "none" else []
+        prompts = [chat_prompt_ids(ctx.tokenizer, body.messages, offered)]
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        gen = ctx.generation(prompts, _params(ctx, body, prompts, max_tokens), body.n or 1, body.cache_salt)
+        params = _params(ctx, body, prompts, max_tokens, _forced_call(tools, choice))
+        gen = ctx.generation(prompts, params, body.n or 1, body.cache_salt)
         meta = _Meta("chatcmpl", "chat.completion", ctx.model_name)
+        if offered:
+            calls = ChatToolCalls(offered)
+            return await _respond(request, gen, body, meta, calls.choice, calls.chunk)
         return await _respond(request, gen, body, meta, _chat_choice, _chat_chunk)
 
     @router.post("/v1/completions")
@@ -59,8 +75,11 @@ def openai_router(ctx: ServerContext) -> APIRouter:
 
 
 # -- prompts -----------------------------------------------------------------------------------
-def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[ChatMessage]) -> list[int]:
-    """The messages checked, then rendered by ``render_chat`` like every other front end."""
+def chat_prompt_ids(
+    tokenizer: PreTrainedTokenizerBase, messages: list[ChatMessage], tools: list[Tool] | None = None
+) -> list[int]:
+    """The messages checked, then rendered by ``render_chat`` like every other front end (with
+    ``tools``, and calls and results in the history, as ``prepare_conversation`` explains)."""
     if not messages:
         raise ApiError(400, "messages must be a non-empty list", param="messages")
     conversation = []
@@ -75,11 +94,28 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[ChatMessa
             content = "".join(part.text or "" for part in m.content)
         else:
             content = m.content or ""
-        conversation.append({"role": m.role, "content": content})
+        message: dict[str, Any] = {"role": m.role, "content": content}
+        if m.tool_calls:
+            if m.role != "assistant":
+                raise ApiError(400, "only assistant messages carry tool_calls", param=f"messages[{i}].tool_calls")
+            message["tool_calls"] = _checked_calls(m.tool_calls, f"messages[{i}].tool_calls")
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        conversation.append(message)
     try:
-        return render_chat(tokenizer, conversation)
-    except ValueError as e:  # e.g. a template that rejects this order of roles
+        return render_chat(tokenizer, conversation, tools or [])
+    except ValueError as e:  # e.g. a template that rejects this order of roles, or bad call arguments
         raise ApiError(400, str(e), param="messages") from None
+
+
+def _checked_calls(calls: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    for j, call in enumerate(calls):
+        function = call.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ApiError(400, f'{where}[{j}] must be {{"type": "function", "function": {{"name", "arguments"}}}}', param=where)
+        if not isinstance(function.get("arguments", "{}"), str):
+            raise ApiError(400, f"{where}[{j}].function.arguments must be JSON text", param=where)
+    return calls
 
 
 def completion_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str | list[Any]) -> list[list[int]]:
@@ -108,9 +144,52 @@ def _check_common(ctx: ServerContext, body: OpenAISampling) -> None:
         raise ApiError(400, f"n must be in [1, {MAX_N}], got {body.n}", param="n")
 
 
+def _tools(body: ChatCompletionRequest) -> tuple[list[Tool], str]:
+    """The request's tools, checked, and its tool_choice: "auto" | "none" | "required" | a function name."""
+    try:
+        tools = parse_tools(body.tools or [])
+    except ValueError as e:
+        raise ApiError(400, str(e), param="tools") from None
+    try:
+        return tools, tool_choice_name(body.tool_choice, tools)
+    except ValueError as e:
+        raise ApiError(400, str(e), param="tool_choice") from None
+
+
+def _forced_call(tools: list[Tool], choice: str) -> str | None:
+    try:
+        return forced_call_grammar(tools, choice)
+    except ValueError as e:
+        raise ApiError(400, str(e), param="tools") from None
+
+
+def _response_format_schema(response_format: ResponseFormat | None) -> str | None:
+    """The JSON schema (as text) that ``response_format`` asks the output to match, if any."""
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return JSON_OBJECT_SCHEMA
+    if response_format.type == "json_schema":
+        spec = response_format.json_schema
+        if spec is None or spec.schema is None:
+            message = 'response_format of type "json_schema" needs json_schema.schema'
+            raise ApiError(400, message, param="response_format.json_schema")
+        return json.dumps(spec.schema)
+    message = f'response_format.type must be "text", "json_object" or "json_schema", got {response_format.type!r}'
+    raise ApiError(400, message, param="response_format.type")
+
+
 def _params(
-    ctx: ServerContext, body: OpenAISampling, prompts: list[list[int]], max_tokens: int | None
+    ctx: ServerContext,
+    body: OpenAISampling,
+    prompts: list[list[int]],
+    max_tokens: int | None,
+    forced_call: str | None = None,
 ) -> SamplingParams:
+    schema = _response_format_schema(body.response_format)
+    if schema is not None and forced_call is not None:
+        message = "response_format cannot be combined with a tool_choice that forces a call"
+        raise ApiError(400, message, param="response_format")
     return SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else ctx.default_max_tokens(prompts, DEFAULT_MAX_TOKENS),
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -121,6 +200,8 @@ def _params(
         stop=stop_list(body.stop),
         stop_token_ids=body.stop_token_ids or [],
         ignore_eos=bool(body.ignore_eos),
+        json_schema=schema,
+        ebnf=forced_call,
     )
 
 
@@ -197,7 +278,9 @@ async def _stream(gen: Generation, meta: _Meta, chunk: Chunk, include_usage: boo
     try:
         async for d in gen.deltas():
             if d.text or d.finish_reason:
-                yield sse(meta.wrap(obj, choices=[chunk(d.sample.index, d.text, d.finish_reason)]))
+                choice = chunk(d.sample.index, d.text, d.finish_reason)
+                if choice is not None:  # text a tool-call parser holds back
+                    yield sse(meta.wrap(obj, choices=[choice]))
     except EngineDead as e:
         yield sse(ApiError(503, str(e)).body())
         return

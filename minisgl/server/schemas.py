@@ -82,8 +82,6 @@ class OpenAISampling(msgspec.Struct, kw_only=True):
             return "frequency_penalty"
         if self.logit_bias:
             return "logit_bias"
-        if self.response_format is not None and self.response_format.type != "text":
-            return "response_format"
         return None
 
 
@@ -98,8 +96,6 @@ class ChatCompletionRequest(OpenAISampling, kw_only=True):
     def unsupported(self) -> str | None:
         if self.top_logprobs:
             return "top_logprobs"
-        if self.tools:
-            return "tools"
         return super().unsupported()
 
 
@@ -133,6 +129,9 @@ class NativeSamplingParams(msgspec.Struct, kw_only=True):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
 
 class GenerateRequest(msgspec.Struct, kw_only=True):
