@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,11 +11,23 @@ import torch
 from minisgl.constrained.matcher import GrammarMatcher, mask_logits
 from minisgl.constrained.spec import GrammarSpec, schema_text
 
+# Below this temperature a request is greedy (as in vLLM and SGLang): dividing logits by a tinier
+# one overflows float32 and gives NaN probabilities.
+GREEDY_TEMPERATURE = 1e-5
+MAX_TEMPERATURE = 100.0
+# Seeds, like every integer the engine keeps, must fit a signed 64-bit integer (torch generators
+# and the msgpack messages of the server).
+MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1
+# Stop conditions are checked on every token, so their number and length bound the cost per token.
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
+
 
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
-    temperature: float = 0.0  # 0 = greedy
+    temperature: float = 0.0  # 0 (anything below GREEDY_TEMPERATURE) = greedy
     top_k: int = -1  # -1 = off
     top_p: float = 1.0
     min_p: float = 0.0
@@ -44,32 +57,54 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     def validate(self, vocab_size: int) -> None:
         """Raise ``ValueError`` naming the first bad field."""
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if not 0.0 <= self.temperature <= 100.0:
-            raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
-        if self.top_k != -1 and not 1 <= self.top_k <= vocab_size:
-            raise ValueError(f"top_k must be -1 or in [1, {vocab_size}], got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not _is_real(self.temperature) or not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature!r}")
+        if not _is_int(self.top_k) or (self.top_k != -1 and not 1 <= self.top_k <= vocab_size):
+            raise ValueError(f"top_k must be -1 or in [1, {vocab_size}], got {self.top_k!r}")
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop may hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
-        if any(not isinstance(t, int) or not 0 <= t < vocab_size for t in self.stop_token_ids):
+        if any(len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
+            raise ValueError(f"stop strings may be at most {MAX_STOP_STRING_CHARS} characters long")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(
+                f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}"
+            )
+        if any(not _is_int(t) or not 0 <= t < vocab_size for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be token ids in [0, {vocab_size}), got {self.stop_token_ids!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not MIN_SEED <= self.seed <= MAX_SEED):
+            raise ValueError(f"seed must be an integer in [{MIN_SEED}, {MAX_SEED}], got {self.seed!r}")
         _ = self.grammar  # raises if several are set; the scheduler compiles (and checks) it
 
 
-def _filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature, top-k, top-p and min-p applied to one row of logits (float32)."""
-    logits = logits / params.temperature
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    """A finite int or float (NaN fails every range check, but say so plainly)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution one row of logits (float32) is sampled from: temperature, top-k, top-p and
+    min-p applied, then a softmax.
+
+    The row is shifted so that its maximum is 0 before the division: every logit is then at most 0,
+    the division can only overflow towards -inf, and the softmax keeps a probability of at least
+    one token, so it is never NaN for finite (or -inf) logits and any accepted temperature."""
+    logits = (logits - logits.max()) / params.temperature
     if params.top_k > 0:
         kth = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -80,8 +115,9 @@ def _filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         sorted_probs, order = torch.sort(torch.softmax(logits, dim=-1), descending=True)
         # Keep the smallest prefix whose mass reaches top_p: drop a token once the mass before it does.
         drop_sorted = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= params.top_p
+        drop_sorted[0] = False  # the most probable token stays even if top_p rounds to 0 in float32
         logits = logits.masked_fill(drop_sorted.scatter(0, order, drop_sorted), float("-inf"))
-    return logits
+    return torch.softmax(logits, dim=-1)
 
 
 @dataclass
@@ -116,7 +152,7 @@ class Sampler:
         if sampled_rows:
             picked = logits[sampled_rows].float().cpu()
             for row, i in zip(picked, sampled_rows):
-                probs = torch.softmax(_filter_logits(row, rows.params[i]), dim=-1)
+                probs = probabilities(row, rows.params[i])
                 generator = rows.generators[i] or self._default_generator
                 next_ids[i] = torch.multinomial(probs, 1, generator=generator)[0]
         return next_ids

@@ -93,6 +93,20 @@ def test_stop_token_ids_and_eos(llm: LLM) -> None:
         ([1, 2], SamplingParams(min_p=2.0), "min_p"),
         ([1, 2], SamplingParams(stop=[""]), "stop"),
         ([1, 2], SamplingParams(stop_token_ids=[-1]), "stop_token_ids"),
+        ([1, 2], SamplingParams(temperature=float("nan")), "temperature"),
+        ([1, 2], SamplingParams(top_p=float("nan")), "top_p"),
+        ([1, 2], SamplingParams(min_p=float("inf")), "min_p"),
+        ([1, 2], SamplingParams(top_k=2.5), "top_k"),  # type: ignore[arg-type]
+        (
+            [1, 2],
+            SamplingParams(seed=2**63),
+            r"seed must be an integer in \[-9223372036854775808, 9223372036854775807\]",
+        ),
+        ([1, 2], SamplingParams(stop=["a"] * 17), "stop may hold at most 16 strings, got 17"),
+        ([1, 2], SamplingParams(stop=["a" * 257]), "at most 256 characters"),
+        ([1, 2], SamplingParams(stop_token_ids=[3] * 65), "stop_token_ids may hold at most 64 ids"),
+        ([2**70], SamplingParams(), "token ids must be integers"),
+        ([1, 2], SamplingParams(max_tokens=2**64), "exceeds the context"),
     ],
 )
 def test_bad_input_raises_and_leaves_nothing(llm: LLM, prompt: object, params: SamplingParams, message: str) -> None:

@@ -94,12 +94,17 @@ def _wait_dead(pid: int, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-def start_server(log_dir: Path, *extra: str) -> Server:
+def start_server(
+    log_dir: Path, *extra: str, key_flags: tuple[str, ...] = ("--api-key", API_KEY), env: dict[str, str] | None = None
+) -> Server:
+    """``key_flags``: how the server gets API_KEY (a flag, or nothing when ``env`` carries it)."""
     port = _free_port()
     log = log_dir / f"server-{port}.log"
-    cmd = [sys.executable, "-m", "minisgl", "serve", "--port", str(port), "--api-key", API_KEY, *SERVER_ARGS, *extra]
+    cmd = [sys.executable, "-m", "minisgl", "serve", "--port", str(port), *key_flags, *SERVER_ARGS, *extra]
     with open(log, "wb") as out:  # the child keeps its own handle
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=None if env is None else {**os.environ, **env}
+        )
     server = Server(proc, f"http://127.0.0.1:{port}", log)
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException
 
 from minisgl.server.context import ServerContext
 from minisgl.server.engine_client import EngineDead
-from minisgl.server.errors import ApiError
+from minisgl.server.errors import ApiError, InternalErrors
 from minisgl.server.native_api import native_router
 from minisgl.server.openai_api import openai_router
 
@@ -38,7 +38,7 @@ def create_app(ctx: ServerContext, address: str) -> FastAPI:
     app = FastAPI(title="minisgl", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(Exception, _internal_error)
+    app.add_middleware(InternalErrors)
 
     async def require_key(request: Request) -> None:
         if ctx.api_key is None:
@@ -106,8 +106,3 @@ async def _api_error(_: Request, exc: Exception) -> Response:
 async def _http_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     return ApiError(exc.status_code, str(exc.detail)).response()
-
-
-async def _internal_error(_: Request, exc: Exception) -> Response:
-    logger.exception("unhandled error", exc_info=exc)
-    return ApiError(500, f"internal error: {type(exc).__name__}").response()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
+API_KEY_ENV = "MINISGL_API_KEY"
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than the text of a full context, far less than abuse
 
 
@@ -11,9 +14,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind; 127.0.0.1 accepts local clients only")
     g.add_argument("--port", type=int, default=1919, help="TCP port to listen on")
-    g.add_argument(
-        "--api-key", default=None, help="require `Authorization: Bearer KEY` on every endpoint except /health"
-    )
+    keys = g.add_mutually_exclusive_group()
+    keys.add_argument(
+        "--api-key", default=None,
+        help=f"require `Authorization: Bearer KEY` on every endpoint except /health (visible in `ps`: prefer "
+        f"--api-key-file or the {API_KEY_ENV} environment variable, used when neither flag is given)",
+    )  # fmt: skip
+    keys.add_argument("--api-key-file", type=Path, default=None, help="read the API key from this file")
     g.add_argument(
         "--served-model-name", default=None,
         help="the model name clients send and /v1/models lists; None means the model's folder or file name",
@@ -23,3 +30,19 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="request bodies larger than this many bytes get 413",
     )  # fmt: skip
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
+
+
+def api_key_from(args: argparse.Namespace) -> str | None:
+    """The key from --api-key, --api-key-file or the environment, in that order; None if none is set.
+    Raises ``ValueError`` for a key file that cannot be read or holds no key."""
+    if args.api_key is not None:
+        return str(args.api_key)
+    if args.api_key_file is not None:
+        try:
+            key = args.api_key_file.read_text().strip()
+        except OSError as e:
+            raise ValueError(f"cannot read --api-key-file {args.api_key_file}: {e.strerror}") from None
+        if not key:
+            raise ValueError(f"--api-key-file {args.api_key_file} is empty")
+        return key
+    return os.environ.get(API_KEY_ENV) or None

@@ -10,7 +10,7 @@ from transformers import PreTrainedTokenizerBase
 from minisgl.sampling import SamplingParams
 from minisgl.server.engine_client import EngineClient
 from minisgl.server.errors import ApiError
-from minisgl.server.generation import Generation
+from minisgl.server.generation import Generation, sample_params
 from minisgl.server.metrics import ServerMetrics
 from minisgl.server.schemas import read_body
 
@@ -46,17 +46,20 @@ class ServerContext:
         room = min(self.context_len, self.client.ready.kv_capacity) - max(len(p) for p in prompts)
         return max(1, min(cap, room))
 
-    def validate(self, params: SamplingParams) -> None:
-        """Checks that need no scheduler state, answered at once (the scheduler checks lengths)."""
+    def validate(self, params: SamplingParams, n: int) -> None:
+        """Checks that need no scheduler state, answered at once (the scheduler checks lengths).
+        Each of the ``n`` samples' parameters is checked: their seeds are derived from ``params``'."""
         assert self.client.ready is not None
-        try:
-            params.validate(self.client.ready.vocab_size)
-        except ValueError as e:
-            name = str(e).split(" ", 1)[0]
-            raise ApiError(400, str(e), param=name if name in _PARAM_NAMES else None) from None
+        for i, sample in enumerate(sample_params(params, n)):
+            try:
+                sample.validate(self.client.ready.vocab_size)
+            except ValueError as e:
+                name = str(e).split(" ", 1)[0]
+                message = f"{e} (sample {i} of n={n} uses seed + {i})" if i > 0 else str(e)
+                raise ApiError(400, message, param=name if name in _PARAM_NAMES else None) from None
 
     def generation(self, prompts: list[list[int]], params: SamplingParams, n: int, namespace: str | None) -> Generation:
-        self.validate(params)
+        self.validate(params, n)
         return Generation(self.client, self.tokenizer, self.metrics, prompts, params, n, namespace)
 
 

@@ -13,10 +13,10 @@ import logging
 import multiprocessing as mp
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 
 import msgspec
 import zmq
@@ -25,6 +25,7 @@ import zmq.asyncio
 from minisgl.config import EngineConfig
 from minisgl.sampling import SamplingParams
 from minisgl.scheduler.stats import StatsSnapshot
+from minisgl.server.ipc_dir import create_ipc_dir
 from minisgl.server.protocol import (
     Abort,
     Control,
@@ -68,36 +69,40 @@ class EngineClient:
         self._closing = False
         self.process: BaseProcess | None = None  # set by start()
         self._receiver: asyncio.Task[None] | None = None
-        # Sockets are bound now (ipc files in a private temp dir); the scheduler connects to them.
-        self._dir = tempfile.mkdtemp(prefix="minisgl-")
-        self._to_addr, self._from_addr = f"ipc://{self._dir}/to_scheduler", f"ipc://{self._dir}/from_scheduler"
+        self._dir: Path | None = None  # the ipc sockets' directory, made by start()
         self._sync_ctx = zmq.Context()
         self._out = self._sync_ctx.socket(zmq.PUSH)
         self._out.setsockopt(zmq.SNDHWM, 0)  # unbounded: a send never blocks the event loop
-        self._out.bind(self._to_addr)
         self._async_ctx = zmq.asyncio.Context()
         self._in = self._async_ctx.socket(zmq.PULL)
-        self._in.bind(self._from_addr)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> Ready:
-        """Spawn the scheduler process and wait until its model is loaded."""
-        # spawn: a fresh interpreter, no forked torch or event-loop state. Not a daemon, because it
-        # starts the tensor-parallel ranks; it exits by itself when this process goes away.
-        self.process = mp.get_context("spawn").Process(
-            target=run_scheduler,
-            args=(self.config, self._to_addr, self._from_addr, os.getpid(), self.log_level),
-            name="minisgl-scheduler",
-            daemon=False,
-        )
-        self.process.start()
+        """Bind the sockets, spawn the scheduler process and wait until its model is loaded.
+
+        The ipc directory is made here, not earlier, so that whatever fails after it is made runs
+        ``close``, which removes it."""
+        self._dir = create_ipc_dir()
         try:
-            self.ready = await self._wait_ready(self.process, self._in)
+            to_addr, from_addr = f"ipc://{self._dir}/to_scheduler", f"ipc://{self._dir}/from_scheduler"
+            self._out.bind(to_addr)  # bound before the scheduler starts: it connects to them
+            self._in.bind(from_addr)
+            # spawn: a fresh interpreter, no forked torch or event-loop state. Not a daemon, because it
+            # starts the tensor-parallel ranks; it exits by itself when this process goes away.
+            process = mp.get_context("spawn").Process(
+                target=run_scheduler,
+                args=(self.config, to_addr, from_addr, os.getpid(), self.log_level),
+                name="minisgl-scheduler",
+                daemon=False,
+            )
+            process.start()
+            self.process = process  # started: close() may now wait for it
+            self.ready = await self._wait_ready(process, self._in)
         except BaseException:
             await self.close()
             raise
         loop = asyncio.get_running_loop()
-        loop.add_reader(self.process.sentinel, self._on_process_exit)
+        loop.add_reader(process.sentinel, self._on_process_exit)
         self._receiver = loop.create_task(self._receive_loop())
         return self.ready
 
@@ -125,7 +130,8 @@ class EngineClient:
                 await asyncio.to_thread(self.process.join, 5)
         self._async_ctx.destroy(linger=0)
         self._sync_ctx.destroy(linger=0)
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def _on_process_exit(self) -> None:
         assert self.process is not None

@@ -31,6 +31,7 @@ class Sample:
     params: SamplingParams
     detok: IncrementalDetokenizer
     rid: int = -1
+    accepted: bool = False  # the scheduler queued it (only then can it count as aborted)
     output_ids: list[int] = field(default_factory=list)
     cached_tokens: int = 0
     finish_reason: str | None = None
@@ -63,7 +64,7 @@ class Generation:
         self.samples = [
             Sample(p * n + i, p, ids, sp, IncrementalDetokenizer(tokenizer, sp.stop))
             for p, ids in enumerate(prompts)
-            for i, sp in enumerate(_sample_params(params, n))
+            for i, sp in enumerate(sample_params(params, n))
         ]
         self.arrival = time.monotonic()
         self._queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
@@ -78,6 +79,7 @@ class Generation:
             while pending:
                 index, event = await self._queue.get()
                 if isinstance(event, Accepted):
+                    self.samples[index].accepted = True
                     pending -= 1
                 elif isinstance(event, Rejection):
                     self.samples[index].finish_reason = "rejected"
@@ -139,7 +141,8 @@ class Generation:
         unfinished = [s for s in self.samples if s.finish_reason is None]
         for s in unfinished:
             s.finish_reason = "abort"
-            self.metrics.requests.labels("abort").inc()
+            if s.accepted:
+                self.metrics.requests.labels("abort").inc()
         self.client.abort([s.rid for s in unfinished if s.rid >= 0])
 
     def usage(self) -> dict[str, int]:
@@ -166,7 +169,7 @@ class Generation:
         sample.last_token_at = now
 
 
-def _sample_params(params: SamplingParams, n: int) -> list[SamplingParams]:
+def sample_params(params: SamplingParams, n: int) -> list[SamplingParams]:
     """n copies; seeded requests get seeds seed, seed+1, ... so the samples differ but reproduce."""
     if params.seed is None:
         return [params] * n

@@ -17,6 +17,7 @@ from minisgl.config import EngineConfig
 from minisgl.models.gguf import DEFAULT_FILE
 from minisgl.models.loader import resolve_model_path
 from minisgl.server.app import create_app
+from minisgl.server.args import api_key_from
 from minisgl.server.context import ServerContext
 from minisgl.server.engine_client import EngineClient
 from minisgl.server.metrics import ServerMetrics
@@ -50,6 +51,7 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     """Run until SIGINT/SIGTERM (exit 0) or until the scheduler process dies (exit 1)."""
     level = getattr(logging, args.log_level.upper())
     logging.getLogger("minisgl").setLevel(level)
+    api_key = api_key_from(args)  # a bad key file fails before anything starts
     sock = _bind(args.host, args.port)  # before the model loads: a busy port fails in a second, not after it
     # Resolve (and for GGUF, convert) once here, so the scheduler process finds a plain folder.
     path = resolve_model_path(config.model)
@@ -66,7 +68,7 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
         tokenizer=tokenizer,
         metrics=ServerMetrics(lambda: client.stats),
         model_name=args.served_model_name or model_name(args.model),
-        api_key=args.api_key,
+        api_key=api_key,
         max_body_bytes=args.max_body_bytes,
     )
     app = create_app(ctx, f"http://{args.host}:{args.port}")

@@ -2,19 +2,29 @@
 
 Unknown fields are ignored (clients send many optional OpenAI fields); fields that would change
 the output in a way this engine cannot honour are accepted only at their no-op values.
+
+Every integer must fit a signed 64-bit integer (what the msgpack messages to the scheduler and
+torch can hold); floats are finite because JSON has no NaN or infinity and msgspec refuses numbers
+beyond float64. Ranges that depend on the model (token ids, context) are checked later.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
+import numpy as np
 from starlette.requests import Request
 
 from minisgl.server.errors import ApiError
 
 T = TypeVar("T")
+
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+# Far deeper than any real request; msgspec recurses once per level, even in unknown fields it skips.
+MAX_JSON_DEPTH = 64
+MAX_MESSAGES = 1024  # each message is rendered by the chat template on the event loop
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -48,26 +58,29 @@ class ResponseFormat(msgspec.Struct, kw_only=True):
     json_schema: JsonSchemaFormat | None = None
 
 
+Messages = Annotated[list[ChatMessage], msgspec.Meta(max_length=MAX_MESSAGES)]
+
+
 class OpenAISampling(msgspec.Struct, kw_only=True):
     """Fields shared by /v1/chat/completions and /v1/completions. ``None`` means "default"."""
 
     model: str | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None
+    max_tokens: Int64 | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int64 | None = None
     min_p: float | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Int64] | None = None
     ignore_eos: bool | None = None
-    n: int | None = None
+    n: Int64 | None = None
     cache_salt: str | None = None  # prefix-cache namespace: only requests with the same salt share
     response_format: ResponseFormat | None = None
     # Accepted only at their no-op values.
-    logprobs: bool | int | None = None
+    logprobs: bool | Int64 | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
@@ -86,9 +99,9 @@ class OpenAISampling(msgspec.Struct, kw_only=True):
 
 
 class ChatCompletionRequest(OpenAISampling, kw_only=True):
-    messages: list[ChatMessage]
-    max_completion_tokens: int | None = None  # the newer name of max_tokens; wins when both are set
-    top_logprobs: int | None = None
+    messages: Messages
+    max_completion_tokens: Int64 | None = None  # the newer name of max_tokens; wins when both are set
+    top_logprobs: Int64 | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None  # a forced call is one call; in "auto" the model may make several
@@ -102,10 +115,10 @@ class ChatCompletionRequest(OpenAISampling, kw_only=True):
 class CompletionRequest(OpenAISampling, kw_only=True):
     # A string, a list of token ids, or a batch of either; shapes are checked in the handler
     # (msgspec unions allow a single array type).
-    prompt: str | list[str | int | list[int]]
+    prompt: str | list[str | Int64 | list[Int64]]
     echo: bool | None = None
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: Int64 | None = None
 
     def unsupported(self) -> str | None:
         if self.echo:
@@ -120,14 +133,14 @@ class CompletionRequest(OpenAISampling, kw_only=True):
 class NativeSamplingParams(msgspec.Struct, kw_only=True):
     """``sampling_params`` of ``/generate`` (SGLang's names)."""
 
-    max_new_tokens: int | None = None
+    max_new_tokens: Int64 | None = None
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1
+    top_k: Int64 = -1
     min_p: float = 0.0
-    seed: int | None = None
+    seed: Int64 | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Int64] | None = None
     ignore_eos: bool = False
     json_schema: str | None = None
     regex: str | None = None
@@ -136,7 +149,7 @@ class NativeSamplingParams(msgspec.Struct, kw_only=True):
 
 class GenerateRequest(msgspec.Struct, kw_only=True):
     text: str | None = None
-    input_ids: list[int] | None = None
+    input_ids: list[Int64] | None = None
     sampling_params: NativeSamplingParams = msgspec.field(default_factory=NativeSamplingParams)
     stream: bool = False
     cache_salt: str | None = None
@@ -164,8 +177,28 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+_STRING = re.compile(rb'"[^"]*"')  # once escapes are gone, a string cannot contain a quote
+_OPEN, _CLOSE = np.frombuffer(b"[{", np.uint8), np.frombuffer(b"]}", np.uint8)
+
+
+def json_depth(body: bytes) -> int:
+    """How deeply arrays and objects nest in ``body`` (brackets inside strings do not count).
+
+    Linear time (regular expressions without backtracking, then numpy), so it can look at a body
+    before the parser does. Malformed JSON gets some number: the parser rejects it anyway."""
+    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
+        return 0  # too few brackets to nest too deeply: the common case costs two counts
+    structure = np.frombuffer(_STRING.sub(b"", _ESCAPE.sub(b"", body)), np.uint8)
+    steps = np.isin(structure, _OPEN).astype(np.int64) - np.isin(structure, _CLOSE)
+    return int(np.cumsum(steps).max(initial=0))
+
+
 def decode_body(body: bytes, schema: type[T]) -> T:
-    """Decode JSON into ``schema``; a malformed or mistyped body is a 400 naming the field."""
+    """Decode JSON into ``schema``; a malformed, mistyped or too deeply nested body is a 400."""
+    depth = json_depth(body)
+    if depth > MAX_JSON_DEPTH:
+        raise ApiError(400, f"JSON nested {depth} levels deep; the limit is {MAX_JSON_DEPTH}")
     try:
         return msgspec.json.decode(body, type=schema)
     except msgspec.ValidationError as e:
