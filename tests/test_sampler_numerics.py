@@ -10,7 +10,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from minisgl.sampling import GREEDY_TEMPERATURE, MAX_TEMPERATURE, Sampler, SamplingParams, probabilities
+from minisgl.sampling import GREEDY_TEMPERATURE, MAX_TEMPERATURE, Sampler, SamplingParams, SamplingRows, probabilities
 
 VOCAB = 32
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
@@ -42,7 +42,7 @@ accepted_params = st.builds(
 def test_sampler_is_finite_for_every_accepted_value(row: list[float], params: SamplingParams) -> None:
     params.validate(VOCAB)  # the strategy draws only values the API accepts
     logits = torch.tensor(row, dtype=torch.float32)
-    token = int(Sampler().sample(logits[None], [params], [Sampler.generator_for(params)])[0])
+    token = int(Sampler().sample(logits[None], SamplingRows([params], [Sampler.generator_for(params)]))[0])
     assert 0 <= token < VOCAB
     assert math.isfinite(row[token]), "a masked (-inf) token was sampled"
     if params.greedy:
