@@ -93,7 +93,10 @@ def test_stale_ipc_dirs_are_removed_at_start(server: Server, stale_ipc_dirs: tup
     stale, live = stale_ipc_dirs
     assert not stale.exists()  # its pid is dead: removed when the server started
     assert live.exists()  # a live process's directory is left alone
-    assert remove_stale_ipc_dirs() == []  # the server's own directory belongs to a live pid
+    own = list(Path(tempfile.gettempdir()).glob(f"{PREFIX}{server.proc.pid}-*"))
+    assert len(own) == 1 and own[0].is_dir()  # the server's own, named after its pid
+    assert own[0] not in remove_stale_ipc_dirs()  # a live front end's directory stays
+    assert own[0].is_dir()
 
 
 def test_api_key_from_a_file(server: Server) -> None:
