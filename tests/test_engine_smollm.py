@@ -44,7 +44,7 @@ def test_batch_matches_transformers(fresh_smollm: LLM, prompt_ids: list[list[int
 def test_one_at_a_time_matches_transformers(
     cache_type: str, prompt_ids: list[list[int]], reference: list[list[int]]
 ) -> None:
-    llm = LLM(num_page_override=4096, cache_type=cache_type)
+    llm = LLM(num_page_override=4096, cache_type=cache_type, quantization="none")
     for ids, ref in zip(prompt_ids, reference):
         assert llm.generate([ids], GREEDY, use_tqdm=False)[0]["token_ids"] == ref
     llm.scheduler.check_accounting()

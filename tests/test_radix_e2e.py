@@ -72,7 +72,7 @@ def test_shared_system_prompt_is_computed_once(
 
 
 def test_radix_equals_naive_with_page_size_16(prompts: list[list[int]], shared_len: int, reference: list[list[int]]) -> None:
-    llm = LLM(num_page_override=512, page_size=16)
+    llm = LLM(num_page_override=512, page_size=16, quantization="none")
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o["token_ids"] for o in outs] == reference
     aligned = shared_len // 16 * 16
@@ -106,7 +106,7 @@ def test_identical_short_prompts_in_one_batch_share_pages(fresh_smollm: LLM) -> 
 
 
 def test_pool_too_small_completes_everything_by_evicting(prompts: list[list[int]], reference: list[list[int]]) -> None:
-    llm = LLM(num_page_override=200, max_running_req=4)
+    llm = LLM(num_page_override=200, max_running_req=4, quantization="none")
     outs = llm.generate(prompts + prompts[::-1], GREEDY, use_tqdm=False)
     assert [o["token_ids"] for o in outs] == reference + reference[::-1]
     assert llm.stats()["kv_evicted_total"] > 0

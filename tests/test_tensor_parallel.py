@@ -105,10 +105,10 @@ def test_smollm_tp2_matches_tp1(smollm: LLM) -> None:
     if smollm.scheduler.engine.device.type == "cpu":
         reference = tokens(smollm, prompts)
     else:  # compare like with like: gloo ranks run on the CPU
-        cpu = LLM(num_page_override=2048, device="cpu")
+        cpu = LLM(num_page_override=2048, device="cpu", quantization="none")
         reference = tokens(cpu, prompts)
         cpu.shutdown()
-    llm = call_with_limit(lambda: LLM(tp_size=2, num_page_override=2048, device="cpu"))
+    llm = call_with_limit(lambda: LLM(tp_size=2, num_page_override=2048, device="cpu", quantization="none"))
     try:
         assert call_with_limit(lambda: tokens(llm, prompts)) == reference
         # 9 query / 3 KV heads over 2 ranks: rank 0 holds KV heads 0-1, rank 1 holds KV head 2.

@@ -19,7 +19,7 @@ from minisgl.kvcache.pool import KVPool
 from minisgl.kvcache.table import TableManager
 from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import local_heads
-from minisgl.models.loader import load_model
+from minisgl.models.loader import load_model, resolve_gguf_file
 from minisgl.sampling import Sampler
 
 if TYPE_CHECKING:
@@ -36,7 +36,10 @@ class Engine:
         cfg = ModelConfig.from_folder(model_path)
         self.model_config = cfg
         self.max_seq_len = min(cfg.max_position_embeddings, config.max_seq_len_override or cfg.max_position_embeddings)
-        self.model = load_model(model_path, config.torch_dtype, self.device, self.max_seq_len, tp)
+        self.model = load_model(
+            model_path, config.torch_dtype, self.device, self.max_seq_len, tp,
+            config.quantization, resolve_gguf_file(config.model),
+        )  # fmt: skip
         self.page_size = config.page_size
         heads = local_heads(cfg, tp)
         # Every rank sizes its pool for the largest KV shard, so that all ranks have the same pages.

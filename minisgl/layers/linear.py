@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl.layers.quant import QuantizedWeight
+
 
 class Reducer(Protocol):
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -87,17 +89,33 @@ class Linear(nn.Module):
                 out_features = partition.size
             else:
                 in_features = partition.size
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.weight: nn.Parameter | None = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.quantized: QuantizedWeight | None = None  # set by ``quantize``: then ``weight`` is None
+
+    def quantize(self, weight: QuantizedWeight) -> None:
+        """Run on ``weight`` (same shape, quantized) from now on; the dense weight is dropped."""
+        dense = self.weight
+        if dense is None or (weight.out_features, weight.in_features) != tuple(dense.shape):
+            raise ValueError(f"quantized weight {weight} does not replace {None if dense is None else tuple(dense.shape)}")
+        self.weight = None
+        self.quantized = weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         p = self.partition
         if p is None or p.kind == "column":
-            return linear(x, self.weight, self.bias)
-        y = linear(x, self.weight)
+            return self._matmul(x, self.bias)
+        y = self._matmul(x, None)
         if p.reduce:
             y = p.group.all_reduce(y)
         return y if self.bias is None else y + self.bias
+
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.quantized is None:
+            assert self.weight is not None
+            return linear(x, self.weight, bias)
+        y = self.quantized(x)
+        return y if bias is None else y + bias
 
 
 def pack_weights(model: nn.Module) -> None:

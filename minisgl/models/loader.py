@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors import safe_open
 
-from minisgl.layers.linear import Partition, pack_weights
+from minisgl.layers.linear import Linear, Partition, pack_weights
+from minisgl.layers.quant import QuantizedWeight
 from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import DecoderForCausalLM
+from minisgl.models.quantize import LinearSpec, apply_quantization, check_mode, plan_quantization
 from minisgl.models.registry import model_class
 
 if TYPE_CHECKING:
@@ -40,6 +42,16 @@ def resolve_model_path(model: str | Path | None) -> Path:
     if path.is_file():
         return convert_gguf(path)
     raise ValueError(f"model path {str(model)!r} does not exist (expected a Hugging Face folder or a .gguf file)")
+
+
+def resolve_gguf_file(model: str | Path | None) -> Path | None:
+    """The GGUF file a model comes from (None: the default model's), or None for a HF folder."""
+    from minisgl.models.gguf import default_model_path
+
+    if model is None:
+        return default_model_path()
+    path = Path(model).expanduser()
+    return path if path.is_file() else None
 
 
 def _sources(param: str) -> list[str]:
@@ -101,16 +113,51 @@ def _load_weights(model: DecoderForCausalLM, folder: Path) -> None:
         )
 
 
+def _linear_specs(model: DecoderForCausalLM) -> list[LinearSpec]:
+    """Every linear layer with the checkpoint tensors its weight comes from (a tied LM head: the embedding)."""
+    specs: list[LinearSpec] = []
+    for name, module in model.named_modules():
+        if isinstance(module, Linear):
+            tied = name == "lm_head" and model.config.tie_word_embeddings
+            specs.append((name, module, ["model.embed_tokens.weight"] if tied else _sources(f"{name}.weight")))
+    return specs
+
+
+def _quantization_plan(
+    linears: list[LinearSpec], mode: str, gguf_file: Path | None, tp: TPGroup | None
+) -> tuple[dict[str, QuantizedWeight], str]:
+    """A GGUF model's quantized weights come from the cache when they were built before."""
+    from minisgl.models.gguf_quant import GGUFWeights
+    from minisgl.models.quant_cache import cache_file, cached_plan
+
+    if gguf_file is None or mode == "none":
+        return plan_quantization(linears, mode, None)
+    path = cache_file(gguf_file, mode, 0 if tp is None else tp.rank, 1 if tp is None else tp.size)
+    return cached_plan(path, lambda: plan_quantization(linears, mode, GGUFWeights(gguf_file) if mode == "auto" else None))
+
+
 def load_model(
-    folder: Path, dtype: torch.dtype, device: torch.device, max_positions: int, tp: TPGroup | None = None
+    folder: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_positions: int,
+    tp: TPGroup | None = None,
+    quantization: str = "none",
+    gguf_file: Path | None = None,
 ) -> DecoderForCausalLM:
-    """The model, or with ``tp`` this rank's shard of it."""
+    """The model, or with ``tp`` this rank's shard of it. ``quantization``: see ``models.quantize``;
+    ``gguf_file`` is the file ``folder`` was converted from (``auto`` reads its quantized blocks)."""
+    check_mode(quantization)
     cfg = ModelConfig.from_folder(folder)
     cls = model_class(cfg.architecture)
     model = cls(cfg, max_positions, tp)
     _load_weights(model, folder)
     shard = "" if tp is None else f" (tensor-parallel rank {tp.rank} of {tp.size})"
     logger.info("loaded %s (%d layers) from %s%s", cfg.architecture, cfg.num_layers, folder, shard)
+    linears = _linear_specs(model)
+    plan, summary = _quantization_plan(linears, quantization, gguf_file, tp)
+    logger.info("quantization %s: %s", quantization, summary)
     model = model.to(device=device, dtype=dtype).eval()
+    apply_quantization(linears, plan, dtype)
     pack_weights(model)
     return model

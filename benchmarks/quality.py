@@ -1,0 +1,89 @@
+"""Quality of each quantization mode on the default GGUF: perplexity on the built-in corpus and greedy
+agreement with the fp32 path, beside llama.cpp's perplexity on the same file and the same tokens.
+
+Run: python -m benchmarks.quality [--max-tokens 32] [--out docs/benchmarks/quality.md]
+(quality figures, not timings: a busy machine gives the same numbers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.corpus import GUIDELINES, PERSONAS, QUESTIONS
+from minisgl import LLM, SamplingParams
+from minisgl.models.gguf import default_model_path
+from minisgl.models.perplexity import perplexity
+
+TEXT = " ".join(PERSONAS + GUIDELINES)
+MODES = (("none", "float32"), ("auto", "float32"), ("int8", "float32"), ("int4", "float32"), ("none", "bfloat16"))
+
+
+def llama_cpp_perplexity(gguf: Path, token_ids: list[int]) -> float | None:
+    """llama.cpp's perplexity of the same token ids, or None without llama-cpp-python."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(str(gguf), n_ctx=len(token_ids) + 8, logits_all=True, n_threads=2, verbose=False)
+    llm.eval(token_ids)
+    logits = np.asarray(llm.scores[: len(token_ids) - 1], dtype=np.float64)
+    logits -= logits.max(axis=1, keepdims=True)
+    logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    nll = -logp[np.arange(len(token_ids) - 1), token_ids[1:]].mean()
+    return math.exp(nll)
+
+
+def greedy(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def agreement(outs: list[list[int]], reference: list[list[int]]) -> tuple[float, float]:
+    """Share of prompts with identical tokens, and mean share of tokens before the first difference."""
+    same = sum(o == r for o, r in zip(outs, reference)) / len(reference)
+    prefix = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), len(r)) / len(r) for o, r in zip(outs, reference)]
+    return same, sum(prefix) / len(prefix)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/quality.md"))
+    args = parser.parse_args()
+    gguf = default_model_path()
+    rows, reference, token_ids = [], None, None
+    for mode, dtype in MODES:
+        llm = LLM(quantization=mode, dtype=dtype, num_page_override=4096)
+        token_ids = llm.tokenizer.encode(TEXT)
+        prompts = [llm.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
+        ppl = perplexity(llm.scheduler.engine.model, token_ids)
+        outs = greedy(llm, prompts, args.max_tokens)
+        reference = reference or outs  # the first mode, fp32 dense, is the reference
+        same, prefix = agreement(outs, reference)
+        rows.append(f"| minisgl `{mode}`, {dtype} | {ppl:.3f} | {same:.0%} | {prefix:.0%} |")
+        print(rows[-1], flush=True)
+        llm.shutdown()
+    assert token_ids is not None
+    ref_ppl = llama_cpp_perplexity(gguf, token_ids)
+    rows.append(f"| llama.cpp (llama-cpp-python), the GGUF as stored | {'n/a (not installed)' if ref_ppl is None else f'{ref_ppl:.3f}'} | | |")
+    table = "\n".join(
+        [
+            f"Quality on {gguf.name}: perplexity of the built-in corpus text ({len(token_ids)} tokens, "
+            f"`benchmarks/quality.py`), greedy agreement with fp32 `none` over {len(QUESTIONS)} chat prompts "
+            f"x {args.max_tokens} tokens.",
+            "",
+            "| weights | perplexity | prompts identical to fp32 | tokens before first difference |",
+            "|---|---|---|---|",
+            *rows,
+        ]
+    )
+    print(table)
+    args.out.write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

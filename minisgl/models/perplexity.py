@@ -1,0 +1,58 @@
+"""Perplexity of a loaded model on a text, to measure what a quantization mode costs in quality.
+
+The text is fed in chunks of a few tokens, as decode and small prefills run, so quantized layers
+take their kernels' path (``QuantizedWeight.max_kernel_rows``) rather than the dense fallback.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from minisgl.models.decoder import DecoderForCausalLM
+
+CHUNK_TOKENS = 16
+
+
+class _SequenceContext:
+    """The ``AttentionContext`` of one sequence: K/V kept per layer, causal over the whole prefix."""
+
+    def __init__(self) -> None:
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+
+    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if layer_id in self.k:
+            k, v = torch.cat([self.k[layer_id], k]), torch.cat([self.v[layer_id], v])
+        self.k[layer_id], self.v[layer_id] = k, v
+        new, total = q.shape[0], k.shape[0]
+        # Row i (absolute position total - new + i) sees keys 0 .. total - new + i.
+        mask = torch.ones(new, total, dtype=torch.bool).tril(total - new)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, enable_gqa=True
+        )
+        return out.transpose(0, 1).reshape(new, -1)
+
+
+@torch.inference_mode()
+def sequence_logits(model: DecoderForCausalLM, token_ids: list[int], chunk: int = CHUNK_TOKENS) -> torch.Tensor:
+    """[tokens, vocab] fp32: the logits after each token, given the ones before it."""
+    ctx = _SequenceContext()
+    ids = torch.tensor(token_ids, dtype=torch.int64)
+    pieces = []
+    for start in range(0, len(ids), chunk):
+        piece = ids[start : start + chunk]
+        positions = torch.arange(start, start + len(piece))
+        pieces.append(model(piece, positions, ctx, torch.arange(len(piece))).float())
+    return torch.cat(pieces)
+
+
+def perplexity(model: DecoderForCausalLM, token_ids: list[int], chunk: int = CHUNK_TOKENS) -> float:
+    """exp(mean negative log-likelihood) of each token after the first, given the ones before it."""
+    if len(token_ids) < 2:
+        raise ValueError("perplexity needs at least 2 tokens")
+    logits = sequence_logits(model, token_ids[:-1], chunk)
+    nll = F.cross_entropy(logits.double(), torch.tensor(token_ids[1:]), reduction="mean")
+    return math.exp(nll.item())

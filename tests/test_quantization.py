@@ -1,0 +1,189 @@
+"""Quantized weights: each GGUF format's matmul against its dequantized reference, the default model
+end to end (perplexity against fp32, batch against alone), and bad modes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+from safetensors import safe_open
+
+from benchmarks.corpus import GUIDELINES
+from minisgl import LLM, SamplingParams
+from minisgl.config import EngineConfig
+from minisgl.layers.linear import Linear
+from minisgl.layers.quant import INT4_GROUP, Int4Weight, Int8Weight, QuantizedWeight
+from minisgl.models.gguf_quant import INT4_EXACT, GGUFWeights, grid_from_blocks
+from minisgl.models.loader import resolve_model_path
+from minisgl.models.perplexity import perplexity, sequence_logits
+from tests.tiny_models import build_tiny_model
+
+OUT, IN = 96, 256  # one Q4_K / Q6_K super-block of 256 weights per row
+# bf16 activations and bf16 scales/zeros: 8 significant bits, each product within ~0.4%; summed over
+# 256 terms the error stays well under 1% of the largest output.
+MATMUL_TOLERANCE = 0.01
+# Sizes of the blocks built by hand (formats gguf cannot quantize): bytes per 256 weights, and the
+# offsets of their fp16 super-block scales.
+HAND_BUILT = {"Q4_K": (144, (0, 2)), "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,))}
+
+
+def gguf_blocks(kind: str, seed: int = 0) -> np.ndarray:
+    """A [OUT, IN] tensor's raw bytes in ``kind``: quantized by gguf, or random blocks with sane scales."""
+    rng = np.random.default_rng(seed)
+    qtype = GGMLQuantizationType[kind]
+    if kind not in HAND_BUILT:
+        return quantize(rng.standard_normal((OUT, IN), dtype=np.float32), qtype)
+    size, scale_offsets = HAND_BUILT[kind]
+    blocks = rng.integers(0, 256, (OUT * IN // 256, size), dtype=np.uint8)
+    for offset in scale_offsets:
+        blocks[:, offset : offset + 2] = rng.uniform(0.001, 0.01, (len(blocks), 1)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(OUT, -1)
+
+
+def dense_of(kind: str, blocks: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(dequantize(blocks, GGMLQuantizationType[kind]).reshape(OUT, IN).astype(np.float32))
+
+
+def assert_matmul_close(weight: QuantizedWeight, dense: torch.Tensor) -> None:
+    """Kernel path (few rows) and dense path (more than ``max_kernel_rows``) against fp64 x W^T."""
+    torch.manual_seed(0)
+    for rows in (1, 7, weight.max_kernel_rows, weight.max_kernel_rows + 1):
+        x = torch.randn(rows, IN)
+        ref = x.double() @ dense.double().T
+        err = (weight(x).double() - ref).abs().max() / ref.abs().max()
+        assert err < MATMUL_TOLERANCE, (rows, err.item())
+
+
+@pytest.mark.parametrize("kind", INT4_EXACT)
+def test_int4_formats_keep_the_file_codes(kind: str) -> None:
+    blocks = gguf_blocks(kind)
+    dense = dense_of(kind, blocks)
+    grid = grid_from_blocks(kind, blocks, OUT)
+    weight = Int4Weight.from_groups(dense, grid.scale, grid.minimum)
+    # The codes are the file's: dequantized with bf16 scale and zero (the kernel's precision), each
+    # weight is off by at most the bf16 rounding of scale * (q - 8) + zero: 2^-8 of |scale| * 8 + |zero|.
+    scale = grid.scale.repeat_interleave(INT4_GROUP, dim=1)
+    zero = (grid.minimum + 8 * grid.scale).repeat_interleave(INT4_GROUP, dim=1)
+    bound = 2**-8 * (8 * scale.abs() + zero.abs()) + 1e-6
+    assert ((weight.dequantize() - dense).abs() <= bound).all()
+    assert_matmul_close(weight, dense)
+
+
+def test_q4_1_codes_match_the_nibbles_in_the_file() -> None:
+    blocks = gguf_blocks("Q4_1").reshape(-1, 20)  # fp16 d, fp16 m, 16 bytes: low nibbles then high nibbles
+    packed = blocks[:, 4:]
+    codes = np.concatenate([packed & 0xF, packed >> 4], axis=1).reshape(OUT, IN)
+    grid = grid_from_blocks("Q4_1", blocks, OUT)
+    weight = Int4Weight.from_groups(dense_of("Q4_1", blocks.reshape(OUT, -1)), grid.scale, grid.minimum)
+    ours = torch.stack([weight.nibbles & 0xF, weight.nibbles >> 4], dim=-1).view(OUT, IN)
+    assert torch.equal(ours, torch.from_numpy(codes).to(torch.uint8))
+
+
+@pytest.mark.parametrize("kind", ["Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"])
+def test_int8_formats_round_to_nearest_per_row(kind: str) -> None:
+    dense = dense_of(kind, gguf_blocks(kind))
+    weight = Int8Weight.quantize(dense)
+    step = dense.abs().amax(dim=1, keepdim=True) / 127  # one code's width in each row
+    # Half a step of rounding, plus the bf16 rounding of the per-row scale (2^-8 of a weight).
+    assert ((weight.dequantize() - dense).abs() <= step / 2 + 2**-8 * dense.abs().amax(dim=1, keepdim=True)).all()
+    assert_matmul_close(weight, weight.dequantize())
+
+
+def test_int4_round_to_nearest_error_is_half_a_step() -> None:
+    dense = torch.randn(OUT, IN)
+    weight = Int4Weight.quantize(dense)
+    groups = dense.view(OUT, -1, INT4_GROUP)
+    step = ((groups.amax(-1) - groups.amin(-1)) / 15).repeat_interleave(INT4_GROUP, dim=1)
+    assert ((weight.dequantize() - dense).abs() <= step / 2 + 2**-8 * (8 * step + dense.abs())).all()
+    assert_matmul_close(weight, weight.dequantize())
+
+
+def test_gguf_grids_line_up_with_the_converted_weights() -> None:
+    """The default file's grids, in HF row order (q/k un-permuted), fit the converted fp32 weights."""
+    folder = resolve_model_path(None)
+    gguf = GGUFWeights(folder_gguf())
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj.weight"):
+            grid = gguf.grid(name)
+            w = f.get_tensor(name)
+            codes = (w.view(w.shape[0], -1, INT4_GROUP) - grid.minimum.unsqueeze(-1)) / grid.scale.unsqueeze(-1)
+            # Every weight sits on its group's grid: exact codes, not merely close ones.
+            assert (codes - codes.round()).abs().max() < 1e-3, name
+
+
+def folder_gguf() -> Path:
+    from minisgl.models.gguf import default_model_path
+
+    return default_model_path()
+
+
+# -- the default model end to end ----------------------------------------------------------------
+TEXT = " ".join(GUIDELINES[:8])
+# Measured on this text: auto (the file's own codes, bf16 activations) within 0.1% of fp32.
+AUTO_PPL_BOUND = 0.02
+
+
+@pytest.fixture(scope="module")
+def auto_llm() -> Iterator[LLM]:
+    llm = LLM(num_page_override=2048, max_running_req=8)  # quantization="auto", the default
+    yield llm
+    llm.shutdown()
+
+
+def test_auto_runs_the_q4_1_file_in_int4(auto_llm: LLM) -> None:
+    model = auto_llm.scheduler.engine.model
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert all(isinstance(m.quantized, Int4Weight) for m in linears if m is not model.lm_head)
+    assert isinstance(model.lm_head.quantized, Int8Weight)  # the tied Q8_0 embedding
+    assert model.model.embed_tokens.weight.dtype == torch.float32  # lookups stay dense
+
+
+def test_auto_perplexity_close_to_fp32(auto_llm: LLM, smollm: LLM) -> None:
+    ids = smollm.tokenizer.encode(TEXT)
+    fp32 = perplexity(smollm.scheduler.engine.model, ids)
+    quantized = perplexity(auto_llm.scheduler.engine.model, ids)
+    assert abs(quantized / fp32 - 1) < AUTO_PPL_BOUND, (quantized, fp32)
+
+
+def test_auto_greedy_same_in_a_batch_as_alone(auto_llm: LLM) -> None:
+    prompts = [auto_llm.tokenizer.encode(p) for p in ("The capital of France is", "def add(a, b):", "1, 2, 3,")]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    alone = [auto_llm.generate([p], params, use_tqdm=False)[0]["token_ids"] for p in prompts]
+    auto_llm.flush_cache()
+    batch = [o["token_ids"] for o in auto_llm.generate(prompts, params, use_tqdm=False)]
+    assert batch == alone
+    auto_llm.scheduler.check_accounting()
+
+
+# -- bad input -----------------------------------------------------------------------------------
+def test_unknown_mode_is_rejected() -> None:
+    with pytest.raises(ValueError, match="int3"):
+        EngineConfig(quantization="int3")
+
+
+def test_int4_rejects_a_model_its_groups_do_not_fit(tmp_path: Path) -> None:
+    folder = build_tiny_model("llama", tmp_path / "odd", hidden_size=48, intermediate_size=96, head_dim=12)
+    with pytest.raises(ValueError, match="int4.*48"):
+        LLM(str(folder), quantization="int4", num_page_override=64)
+    LLM(str(folder), quantization="int8", num_page_override=64).shutdown()  # int8 has no groups
+
+
+def test_rtn_modes_on_a_hf_folder_track_fp32(tmp_path: Path) -> None:
+    folder = build_tiny_model("qwen3", tmp_path / "qwen3")
+    ids = list(range(3, 60))
+    logits = {}
+    for mode in ("none", "int8", "int4"):
+        llm = LLM(str(folder), quantization=mode, num_page_override=256)
+        logits[mode] = sequence_logits(llm.scheduler.engine.model, ids)
+        llm.shutdown()
+    spread = logits["none"].std()
+    # Relative to the spread of the fp32 logits (unrelated logits would be ~1.4): int8's 255 levels
+    # per row, int4's 16 per group of 32 (random weights: measured 0.34, compounding over the layers).
+    for mode, bound in (("int8", 0.05), ("int4", 0.6)):
+        err = ((logits[mode] - logits["none"]).std() / spread).item()
+        assert err < bound, (mode, err)
