@@ -11,6 +11,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from minisgl.layers.quant import WEIGHT_CLASSES, QuantizedWeight
 from minisgl.models.gguf import _cache_key, _cache_root
 
@@ -36,11 +38,11 @@ def cached_plan(path: Path, build: Callable[[], tuple[Plan, str]]) -> tuple[Plan
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata()
             classes: dict[str, str] = json.loads(meta["classes"])
-            plan: Plan = {}
-            for module, cls_name in classes.items():
-                cls = WEIGHT_CLASSES[cls_name]
-                state = {k.rpartition(".")[2]: f.get_tensor(k) for k in f.keys() if k.rpartition(".")[0] == module}
-                plan[module] = cls(**state)
+            states: dict[str, dict[str, torch.Tensor]] = {module: {} for module in classes}
+            for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                module, _, buffer = key.rpartition(".")
+                states[module][buffer] = f.get_tensor(key)
+            plan: Plan = {m: WEIGHT_CLASSES[c](**states[m]) for m, c in classes.items()}
         return plan, f"{meta['summary']} (cached in {path})"
     plan, summary = build()
     tensors = {f"{m}.{k}": t.contiguous() for m, w in plan.items() for k, t in w.state_dict().items()}

@@ -16,7 +16,6 @@ Quantized weights are built from the fp32 values on the CPU, before the model is
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -52,16 +51,10 @@ def plan_quantization(
     check_mode(mode)
     if mode == "none" or (mode == "auto" and gguf is None):
         return {}, "dense weights"
-    choose: Callable[[Linear, list[str]], Choice]
-    if mode == "auto":
-        assert gguf is not None
-        choose = lambda linear, sources: _choose_auto(linear, sources, gguf)  # noqa: E731
-    else:
-        choose = lambda linear, sources: _choose_rtn(linear, mode)  # noqa: E731
     plan: dict[str, QuantizedWeight] = {}
     reasons: Counter[str] = Counter()
     for name, linear, sources in linears:
-        choice = choose(linear, sources)
+        choice = _choose_auto(linear, sources, gguf) if gguf is not None else _choose_rtn(linear, mode)
         reasons[choice.reason] += 1
         if choice.weight is not None:
             plan[name] = choice.weight
