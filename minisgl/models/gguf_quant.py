@@ -10,16 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from minisgl.layers.quant import INT4_GROUP
-from minisgl.models.gguf import _ARCHS, _field, _hf_tensor_name, _unpermute_qk
-
-if TYPE_CHECKING:
-    from gguf import ReaderTensor
+from minisgl.models.gguf import _field
+from minisgl.models.gguf_arch import gguf_arch, hf_tensors
 
 # Formats whose values are exactly (q - 8) * scale + zero on groups of 32 with q in 0..15.
 INT4_EXACT = ("Q4_0", "Q4_1", "Q4_K")
@@ -56,34 +53,41 @@ class GGUFWeights:
 
         reader = GGUFReader(path)
         arch_name = _field(reader, "general.architecture")
-        arch = _ARCHS.get(arch_name)
-        self.permute_qk = arch is not None and arch.permute_qk
-        self.heads = {
-            "attn_q": _field(reader, f"{arch_name}.attention.head_count"),
-            "attn_k": _field(reader, f"{arch_name}.attention.head_count_kv")
-            or _field(reader, f"{arch_name}.attention.head_count"),
+        arch = gguf_arch(arch_name, path.name)
+        heads = _field(reader, f"{arch_name}.attention.head_count")
+        # What hf_tensors needs to undo llama.cpp's q/k row permutation.
+        config = {
+            "num_attention_heads": heads,
+            "num_key_value_heads": _field(reader, f"{arch_name}.attention.head_count_kv") or heads,
         }
         self.name = path.name
-        self._tensors: dict[str, ReaderTensor] = {_hf_tensor_name(t.name): t for t in reader.tensors}
+        self._types: dict[str, str] = {}
+        self._grids: dict[str, Grid] = {}
+        for tensor in reader.tensors:
+            kind = tensor.tensor_type.name
+            data = np.asarray(tensor.data)
+            if kind not in INT4_EXACT:
+                self._types.update((name, kind) for name, _ in hf_tensors(arch, config, tensor.name, data))
+                continue
+            grid = grid_from_blocks(kind, data, int(np.prod(data.shape[:-1])))
+            # Grids have the weights' row structure (experts, rows), so they split and un-permute alike.
+            lead = data.shape[:-1]
+            scales = hf_tensors(arch, config, tensor.name, grid.scale.numpy().reshape(*lead, -1))
+            minima = hf_tensors(arch, config, tensor.name, grid.minimum.numpy().reshape(*lead, -1))
+            for (name, scale), (_, minimum) in zip(scales, minima):
+                self._types[name] = kind
+                self._grids[name] = Grid(torch.from_numpy(scale.copy()), torch.from_numpy(minimum.copy()))
 
     def type_name(self, hf_name: str) -> str:
-        return self._tensors[hf_name].tensor_type.name
+        return self._types[hf_name]
 
     def __contains__(self, hf_name: str) -> bool:
-        return hf_name in self._tensors
+        return hf_name in self._types
 
     def grid(self, hf_name: str) -> Grid:
-        tensor = self._tensors[hf_name]
-        kind = tensor.tensor_type.name
-        if kind not in INT4_EXACT:
-            raise ValueError(f"{self.name}: {hf_name} is {kind}, not a 4-bit format ({', '.join(INT4_EXACT)})")
-        rows = int(tensor.shape[1]) if len(tensor.shape) > 1 else 1
-        grid = grid_from_blocks(kind, np.asarray(tensor.data), rows)
-        part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
-        if self.permute_qk and part in self.heads:
-            n = self.heads[part]
-            grid = Grid(*(torch.from_numpy(_unpermute_qk(t.numpy(), n).copy()) for t in (grid.scale, grid.minimum)))
-        return grid
+        if hf_name not in self._grids:
+            raise ValueError(f"{self.name}: {hf_name} is {self._types.get(hf_name)}, not a 4-bit format ({', '.join(INT4_EXACT)})")
+        return self._grids[hf_name]
 
 
 def grid_from_blocks(kind: str, data: np.ndarray, rows: int) -> Grid:
