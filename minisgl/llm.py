@@ -89,7 +89,8 @@ class LLM:
                 "prompt_tokens": req.prompt_len,
                 "cached_tokens": req.cached_prompt_tokens,
                 "completion_tokens": len(req.output_ids),
-                "finish_reason": req.finish_reason,
+                "finish_reason": req.finish_reason,  # "error": ``error`` says what went wrong
+                "error": req.error,
             },
         }
 

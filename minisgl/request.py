@@ -37,6 +37,7 @@ class Req:
     cached_prompt_tokens: int = 0  # prompt tokens reused from the cache (reported to the user)
     finish_reason: str | None = None
     stop_text: IncrementalDetokenizer | None = None  # the output's text, to find stop strings (if any)
+    error: str | None = None  # why it failed, when finish_reason is "error"
 
     def __post_init__(self) -> None:
         self.prompt_len = len(self.token_ids)

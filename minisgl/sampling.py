@@ -129,6 +129,12 @@ class SamplingRows:
     grammars: list[GrammarMatcher | None] = field(default_factory=list)  # constrained rows' matchers
 
 
+@dataclass(frozen=True)
+class Sampled:
+    next_ids: torch.Tensor  # [batch] int64 on the CPU; meaningless in the rows of ``errors``
+    errors: dict[int, str]  # row -> why that row's request could not be sampled
+
+
 class Sampler:
     """Samples one token per row. Greedy rows are one batched argmax; other rows draw from their own
     generator so that a seeded request is reproducible whatever batch it lands in."""
@@ -142,18 +148,37 @@ class Sampler:
             return None
         return torch.Generator().manual_seed(params.seed)
 
-    def sample(self, logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
-        """``logits``: [batch, vocab] → next token ids [batch] (int64, on the CPU). Rows with a grammar
-        sample only among the tokens it allows next (``logits`` is masked in place)."""
-        if any(g is not None for g in rows.grammars):
-            mask_logits(logits, rows.grammars)
-        next_ids = torch.argmax(logits, dim=-1).cpu()
-        sampled_rows = [i for i, p in enumerate(rows.params) if not p.greedy]
+    def sample(self, logits: torch.Tensor, rows: SamplingRows) -> Sampled:
+        """``logits``: [batch, vocab] → the next token of each row. Rows with a grammar sample only among
+        the tokens it allows next (``logits`` is masked in place). A row whose own masking or sampling
+        fails is reported in ``errors`` instead of failing the batch: the error belongs to that request."""
+        errors = _mask_grammar_rows(logits, rows.grammars) if any(g is not None for g in rows.grammars) else {}
+        sampled = Sampled(torch.argmax(logits, dim=-1).cpu(), errors)
+        sampled_rows = [i for i, p in enumerate(rows.params) if not p.greedy and i not in errors]
         if sampled_rows:
             picked = logits[sampled_rows].float().cpu()
             for row, i in zip(picked, sampled_rows):
-                probs = probabilities(row, rows.params[i])
-                generator = rows.generators[i] or self._default_generator
-                next_ids[i] = torch.multinomial(probs, 1, generator=generator)[0]
-        return next_ids
+                try:
+                    probs = probabilities(row, rows.params[i])
+                    generator = rows.generators[i] or self._default_generator
+                    sampled.next_ids[i] = torch.multinomial(probs, 1, generator=generator)[0]
+                except Exception as e:  # noqa: BLE001 - whatever it is, only this row's request fails
+                    sampled.errors[i] = f"sampling failed: {type(e).__name__}: {e}"
+        return sampled
 
+
+def _mask_grammar_rows(logits: torch.Tensor, grammars: list[GrammarMatcher | None]) -> dict[int, str]:
+    """Mask every grammar row at once; if that fails, row by row, to find the requests whose grammar
+    failed (returned: row -> why) while the others are masked as usual."""
+    try:
+        mask_logits(logits, grammars)
+        return {}
+    except Exception:  # noqa: BLE001 - one request's grammar must not fail the batch
+        errors: dict[int, str] = {}
+        for i, grammar in enumerate(grammars):
+            if grammar is not None:
+                try:
+                    mask_logits(logits[i : i + 1], [grammar])
+                except Exception as e:  # noqa: BLE001 - whatever it is, only this row's request fails
+                    errors[i] = f"grammar failed: {type(e).__name__}: {e}"
+        return errors

@@ -50,3 +50,28 @@ def test_full_rows_skip_the_prefix_match_and_plans_move_nothing(tiny: Path, monk
     assert matches > 0  # once rows freed up, the waiting requests were matched and admitted
     assert all(len(r.output_ids) == GREEDY.max_tokens for r in reqs)
     assert_idle_balanced(llm)
+
+
+def test_a_short_prompt_is_not_starved_by_long_prefills(tiny: Path) -> None:
+    llm = LLM(str(tiny), num_page_override=4096, max_prefill_tokens=256)
+    sched = llm.scheduler
+    g = torch.Generator().manual_seed(1)
+    longs = [torch.randint(3, VOCAB, (900,), generator=g).tolist() for _ in range(3)]
+    short = torch.randint(3, VOCAB, (10,), generator=g).tolist()
+    alone = llm.generate([short], GREEDY, use_tqdm=False)[0]["token_ids"]
+    llm.flush_cache()
+    reqs = [sched.make_request(i, ids, GREEDY) for i, ids in enumerate([*longs, short])]
+    for req in reqs:  # the short prompt arrives last, behind 2,700 prompt tokens
+        sched.add(req)
+    first = sched.step()
+    assert [o.rid for o in first] == [3]  # its first token comes from the very first pass
+    # The long prompt queued first got the rest of that pass's budget (chunked), and the next pass
+    # is all long prompts: nothing is reserved while no short prompt waits.
+    assert reqs[0].device_len == 256 - 10
+    sched.step()
+    assert reqs[0].device_len == 256 - 10 + 256
+    while sched.has_work:
+        sched.step()
+    assert reqs[3].output_ids == alone
+    assert all(len(r.output_ids) == GREEDY.max_tokens for r in reqs)
+    assert_idle_balanced(llm)

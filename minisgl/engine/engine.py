@@ -20,7 +20,7 @@ from minisgl.kvcache.table import TableManager
 from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import local_heads
 from minisgl.models.loader import load_model, resolve_gguf_file
-from minisgl.sampling import Sampler
+from minisgl.sampling import Sampled, Sampler
 
 if TYPE_CHECKING:
     from minisgl.distributed.group import TPGroup
@@ -70,9 +70,9 @@ class Engine:
         return self.model(batch.input_ids, batch.positions, ctx, batch.sample_rows)
 
     @torch.inference_mode()
-    def sample(self, batch: Batch, logits: torch.Tensor) -> torch.Tensor:
-        """The next token of each sampled row (CPU int64)."""
+    def sample(self, batch: Batch, logits: torch.Tensor) -> Sampled:
+        """The next token of each sampled row (CPU int64), and the rows whose own sampling failed."""
         return self.sampler.sample(logits, batch.sampling)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> Sampled:
         return self.sample(batch, self.run_model(batch))

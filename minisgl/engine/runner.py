@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import torch
-
 from minisgl.batch import Batch
 from minisgl.engine.engine import Engine
+from minisgl.sampling import Sampled
 
 
 class Runner(Protocol):
     engine: Engine  # this process's engine: its pool, page table and model config are the scheduler's
 
-    def forward(self, batch: Batch) -> torch.Tensor:
-        """Run the batch everywhere it must run; the next token of each sampled row (CPU int64)."""
+    def forward(self, batch: Batch) -> Sampled:
+        """Run the batch everywhere it must run; the next token of each sampled row (CPU int64) and
+        the rows whose own sampling failed. Raises if the pass itself fails (every request's error)."""
         ...
 
     def check_ranks(self) -> list[dict[str, int]]:
@@ -33,7 +33,7 @@ class LocalRunner:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> Sampled:
         return self.engine.forward(batch)
 
     def check_ranks(self) -> list[dict[str, int]]:

@@ -23,6 +23,7 @@ from minisgl.models.loader import resolve_model_path
 from minisgl.parallel.rendezvous import init_group, leave_group, local_init_method
 from minisgl.parallel.supervisor import RankSupervisor
 from minisgl.parallel.sync import REPORT_FIELDS, BatchSync
+from minisgl.sampling import Sampled
 
 logger = logging.getLogger("minisgl.parallel")
 
@@ -52,7 +53,7 @@ class TensorParallelRunner:
             self.shutdown()
             raise
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> Sampled:
         sync = self._sync()
         with self.supervisor.guard():
             sync.send_batch(batch)

@@ -1,4 +1,5 @@
-"""Chooses which requests prefill next: policy order, admission, chunking, in-batch sharing.
+"""Chooses which requests prefill next: policy order, admission, chunking, in-batch sharing, and
+a short-prompt lane that keeps short prompts from waiting behind long prefills.
 
 The planner decides and the scheduler applies: ``plan`` returns the requests of the next prefill
 pass with their new tokens, and which of them were admitted now (their cached prefix is locked and
@@ -20,12 +21,18 @@ LPM_MAX_QUEUE = 128
 # A waiting request that shares at least this many uncached tokens with one being prefilled now
 # waits one round and then reuses that request's KV instead of computing the same prefix again.
 SHARED_PREFIX_MIN = 32
+# Fairness under mixed load: waiting prompts of at most 1/SHORT_PROMPT_DIVISOR of the token budget
+# are admitted first, in arrival order, with up to 1/SHORT_LANE_DIVISOR of each pass's budget. A
+# short prompt then waits about one pass, not behind every long prompt (and chunk) queued before it;
+# long prompts keep the rest of every pass, and all of it while no short prompt waits.
+SHORT_PROMPT_DIVISOR = 8
+SHORT_LANE_DIVISOR = 4
 
 
 @dataclass
 class PrefillPlan:
-    reqs: list[Req] = field(default_factory=list)  # continuing chunks first, then newly admitted requests
-    lens: list[int] = field(default_factory=list)  # new tokens of each this pass (only the last may be cut short)
+    reqs: list[Req] = field(default_factory=list)  # short-lane admissions, continuing chunks, other admissions
+    lens: list[int] = field(default_factory=list)  # new tokens of each this pass (fewer than it needs: chunked)
     admitted: list[Req] = field(default_factory=list)  # newly admitted: they move from waiting to running
 
 
@@ -34,21 +41,38 @@ class PrefillPlanner:
         self.cache_manager, self.policy, self.max_prefill_tokens = cache_manager, policy, max_prefill_tokens
 
     def plan(self, waiting: Sequence[Req], running: Sequence[Req]) -> PrefillPlan:
-        """The next prefill pass; empty if nothing waits to be prefilled or nothing fits."""
+        """The next prefill pass; empty if nothing waits to be prefilled or nothing fits.
+
+        Short waiting prompts go first (the short lane), then chunked prefills continue, then
+        waiting requests are admitted in policy order with what is left of the budget."""
         plan = PrefillPlan()
+        continuing = [r for r in running if r.is_prefilling]
+        prompts = [torch.tensor(r.token_ids[: r.prompt_len]) for r in continuing]
         budget = self.max_prefill_tokens
-        for req in running:  # a chunked prefill continues before anything new is admitted
-            if req.is_prefilling and budget > 0:
+        short = [(r, None) for r in waiting if r.prompt_len <= self.max_prefill_tokens // SHORT_PROMPT_DIVISOR]
+        if short and self._can_admit(waiting, budget):
+            budget -= self._admit(plan, short, self.max_prefill_tokens // SHORT_LANE_DIVISOR, prompts)
+        for req in continuing:
+            if budget > 0:
                 n = min(req.extend_len, budget)
                 plan.reqs.append(req)
                 plan.lens.append(n)
                 budget -= n
-        if not self._can_admit(waiting, budget):  # before ordering, which matches every waiting prompt
-            return plan
-        prompts = [torch.tensor(r.token_ids[: r.prompt_len]) for r in plan.reqs]
-        for req, matched in self._ordered(waiting):
-            if budget <= 0 or self.cache_manager.table.num_free == 0:
+        if self._can_admit(waiting, budget):  # checked before ordering, which matches every waiting prompt
+            self._admit(plan, self._ordered(waiting), budget, prompts)
+        return plan
+
+    def _admit(
+        self, plan: PrefillPlan, candidates: list[tuple[Req, int | None]], budget: int, prompts: list[torch.Tensor]
+    ) -> int:
+        """Admit ``candidates`` in order into ``plan`` until ``budget`` tokens are used (the last
+        one may be cut short: chunked); returns the tokens used. ``prompts``: those in the pass."""
+        used = 0
+        for req, matched in candidates:
+            if used >= budget or self.cache_manager.table.num_free == 0:
                 break
+            if req in plan.admitted:  # already in the short lane
+                continue
             if self.cache_manager.cache.shares_prefixes and prompts:
                 if matched is None:
                     matched = self.cache_manager.match_len(req)
@@ -56,13 +80,13 @@ class PrefillPlanner:
                     continue
             if not self.cache_manager.try_admit(req):
                 break  # conservative: later requests must not overtake one that does not fit yet
-            n = min(req.extend_len, budget)
+            n = min(req.extend_len, budget - used)
             plan.admitted.append(req)
             plan.reqs.append(req)
             plan.lens.append(n)
-            budget -= n
+            used += n
             prompts.append(torch.tensor(req.token_ids[: req.prompt_len]))
-        return plan
+        return used
 
     def _can_admit(self, waiting: Sequence[Req], budget: int) -> bool:
         """Whether any waiting request could be admitted: a token budget, a page-table row and

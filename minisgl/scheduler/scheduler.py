@@ -36,7 +36,8 @@ logger = logging.getLogger("minisgl.scheduler")
 class TokenOutput:
     rid: int
     token_id: int
-    finish_reason: str | None  # None while running; "stop" | "length" | "abort" when finished
+    finish_reason: str | None  # None while running; "stop" | "length" | "abort" | "error" when finished
+    error: str | None = None  # finish_reason "error": what went wrong with this request (token_id is -1)
 
 
 class Scheduler:
@@ -121,11 +122,13 @@ class Scheduler:
         if work is None:
             return []
         start = time.perf_counter()
-        next_ids = self.runner.forward(work.batch).tolist()
+        sampled = self.runner.forward(work.batch)  # an exception here is the engine's: every request fails
         self._record_pass(work, plan, time.perf_counter() - start)
+        next_ids = sampled.next_ids.tolist()
         outputs: list[TokenOutput] = []
-        for req, token in zip(work.sampled, next_ids):
-            outputs += self._process_token(req, token)
+        for row, req in enumerate(work.sampled):
+            error = sampled.errors.get(row)
+            outputs += [self._fail(req, error)] if error is not None else self._process_token(req, next_ids[row])
         return outputs
 
     def _admit(self, plan: PrefillPlan) -> None:
@@ -172,27 +175,26 @@ class Scheduler:
         grammar forces after it), check whether the request finished, retire it if so. One output
         per appended token, the last carrying the finish reason."""
         req.token_ids.append(token)
-        forced = self._advance_grammar(req, token)
-        if forced is None:
-            tokens, reason = [token], "abort"
-        else:
+        try:
+            forced = self._advance_grammar(req, token)
             req.token_ids.extend(forced)
             tokens = [token, *forced]
             reason = self._finish_reason(req, tokens)
+        except Exception as e:  # noqa: BLE001 - its grammar or stop handling failed: only this request fails
+            return [self._fail(req, f"token handling failed: {type(e).__name__}: {e}")]
         self.stats.generated_tokens += len(tokens)
         if reason is not None:
             self._retire(req, reason)
         return [TokenOutput(req.rid, t, reason if i == len(tokens) - 1 else None) for i, t in enumerate(tokens)]
 
-    def _advance_grammar(self, req: Req, token: int) -> list[int] | None:
+    def _advance_grammar(self, req: Req, token: int) -> list[int]:
         """Feed the sampled token to the request's grammar; returns the tokens the grammar forces next
-        (jump-forward), appended without sampling and computed together in the next pass. None if
-        the grammar rejects the token (the mask makes that a bug): that request alone is aborted."""
+        (jump-forward), appended without sampling and computed together in the next pass. Raises if
+        the grammar rejects the token (the mask makes that a bug): that request alone fails."""
         if req.grammar is None:
             return []
         if not req.grammar.accept(token):
-            logger.error("request %d: sampled token %d is outside its grammar; aborting it", req.rid, token)
-            return None
+            raise RuntimeError(f"sampled token {token} is outside the request's grammar")
         if not self.jump_forward or req.grammar.is_terminated:
             return []
         return req.grammar.jump_forward(self.tokenizer, req.params.max_tokens - len(req.output_ids))
@@ -213,6 +215,13 @@ class Scheduler:
         if len(req.output_ids) >= params.max_tokens:
             return "length"
         return None
+
+    def _fail(self, req: Req, error: str) -> TokenOutput:
+        """End a request because of an error of its own: its KV goes back, the others go on."""
+        logger.error("request %s failed: %s", req.rid, error)
+        req.error = error
+        self._retire(req, "error")
+        return TokenOutput(req.rid, -1, "error", error)
 
     def _retire(self, req: Req, reason: str) -> None:
         req.finish_reason = reason

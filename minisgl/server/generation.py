@@ -2,7 +2,8 @@
 
 ``start`` submits everything and waits until the scheduler accepted or rejected each sample, so
 a bad request fails with a 400 before any response (streamed or not) begins. ``deltas`` then
-yields text as it becomes final; ``close`` aborts whatever has not finished.
+yields text as it becomes final; ``close`` aborts whatever has not finished. A sample that fails
+in the engine (an error of its own) fails its whole HTTP request with a 500 naming the error.
 """
 
 from __future__ import annotations
@@ -47,6 +48,17 @@ class Delta:
     sample: Sample
     text: str  # newly final text, possibly empty
     finish_reason: str | None
+
+
+class SampleFailed(RuntimeError):
+    """A sample failed in the engine with an error of its own; the other requests are unaffected."""
+
+
+def failure_error(exc: EngineDead | SampleFailed) -> ApiError:
+    """What the client is told when its generation cannot go on."""
+    if isinstance(exc, EngineDead):
+        return ApiError(503, str(exc))
+    return ApiError(500, f"the request failed: {exc}", code="request_failed")
 
 
 class Generation:
@@ -96,7 +108,8 @@ class Generation:
             raise
 
     async def deltas(self) -> AsyncIterator[Delta]:
-        """Text deltas of all samples, interleaved as tokens arrive; raises ``EngineDead``."""
+        """Text deltas of all samples, interleaved as tokens arrive; raises ``EngineDead`` or
+        ``SampleFailed``."""
         unfinished = sum(s.finish_reason is None for s in self.samples)
         while unfinished:
             index, event = self._early.popleft() if self._early else await self._queue.get()
@@ -104,6 +117,10 @@ class Generation:
                 raise event
             assert isinstance(event, Token), event  # start() consumed every accept/reject
             sample = self.samples[index]
+            if event.finish_reason == "error":
+                sample.finish_reason = "error"
+                self.metrics.requests.labels("error").inc()
+                raise SampleFailed(event.error or "unknown error")
             self._record_latency(sample)
             sample.output_ids.append(event.token_id)
             sample.cached_tokens = event.cached_tokens
@@ -132,7 +149,9 @@ class Generation:
                 work.cancel()
                 self.close()
         if work.done() and not work.cancelled():
-            work.result()  # re-raises EngineDead
+            if work.exception() is not None:
+                self.close()  # one sample failed: the others of this request are aborted
+            work.result()  # re-raises EngineDead or SampleFailed
             return True
         return False
 

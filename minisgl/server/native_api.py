@@ -13,7 +13,7 @@ from minisgl.sampling import SamplingParams
 from minisgl.server.context import ServerContext, wait_for_disconnect
 from minisgl.server.engine_client import EngineDead
 from minisgl.server.errors import ApiError
-from minisgl.server.generation import Generation, Sample
+from minisgl.server.generation import Generation, Sample, SampleFailed, failure_error
 from minisgl.server.schemas import GenerateRequest, decode_body, stop_list
 from minisgl.server.streaming import SSE_DONE, GenerationStream, sse
 
@@ -54,8 +54,8 @@ def native_router(ctx: ServerContext) -> APIRouter:
             return GenerationStream(_stream(gen), gen)
         try:
             finished = await gen.run(wait_for_disconnect(request))
-        except EngineDead as e:
-            raise ApiError(503, str(e)) from None
+        except (EngineDead, SampleFailed) as e:
+            raise failure_error(e) from None
         if not finished:
             return Response(status_code=499)
         return JSONResponse(_result(gen.samples[0]))
@@ -81,7 +81,7 @@ async def _stream(gen: Generation) -> AsyncIterator[bytes]:
     try:
         async for d in gen.deltas():
             yield sse(_result(d.sample))
-    except EngineDead as e:
-        yield sse(ApiError(503, str(e)).body())
+    except (EngineDead, SampleFailed) as e:
+        yield sse(failure_error(e).body())
         return
     yield SSE_DONE

@@ -23,7 +23,7 @@ from minisgl.sampling import SamplingParams
 from minisgl.server.context import ServerContext, wait_for_disconnect
 from minisgl.server.engine_client import EngineDead
 from minisgl.server.errors import ApiError
-from minisgl.server.generation import Generation
+from minisgl.server.generation import Generation, SampleFailed, failure_error
 from minisgl.server.schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -261,8 +261,8 @@ async def _respond(
         return GenerationStream(_stream(gen, meta, chunk, include_usage), gen)
     try:
         finished = await gen.run(wait_for_disconnect(request))
-    except EngineDead as e:
-        raise ApiError(503, str(e)) from None
+    except (EngineDead, SampleFailed) as e:
+        raise failure_error(e) from None
     if not finished:
         return Response(status_code=499)  # nobody is listening; the samples were aborted
     choices = [choice(s.index, s.text, s.finish_reason) for s in gen.samples]
@@ -281,8 +281,8 @@ async def _stream(gen: Generation, meta: _Meta, chunk: Chunk, include_usage: boo
                 choice = chunk(d.sample.index, d.text, d.finish_reason)
                 if choice is not None:  # text a tool-call parser holds back
                     yield sse(meta.wrap(obj, choices=[choice]))
-    except EngineDead as e:
-        yield sse(ApiError(503, str(e)).body())
+    except (EngineDead, SampleFailed) as e:
+        yield sse(failure_error(e).body())
         return
     if include_usage:
         yield sse(meta.wrap(obj, choices=[], usage=_usage(gen)))

@@ -53,6 +53,7 @@ class Token(msgspec.Struct, array_like=True):
     token_id: int
     finish_reason: str | None
     cached_tokens: int  # prompt tokens reused from the prefix cache (known once admitted)
+    error: str | None = None  # finish_reason "error": what failed in this request (token_id is -1)
 
 
 class Rejection(msgspec.Struct, array_like=True):

@@ -91,7 +91,7 @@ class SchedulerLoop:
         tokens = []
         for o in self.scheduler.step():
             req = self.reqs[o.rid]
-            tokens.append(Token(o.rid, o.token_id, o.finish_reason, req.cached_prompt_tokens))
+            tokens.append(Token(o.rid, o.token_id, o.finish_reason, req.cached_prompt_tokens, o.error))
             if o.finish_reason is not None:
                 del self.reqs[o.rid]
         self._stats_due = True

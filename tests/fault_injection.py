@@ -1,0 +1,39 @@
+"""A fault for the failure-isolation tests: the sampling of a request seeded FAULTY_SEED raises at
+its third token, so the request fails mid-generation, holding KV of its own.
+
+Offline tests monkeypatch ``minisgl.sampling.probabilities`` with ``faulty(...)``; a server under
+test imports ``install`` from a ``sitecustomize`` module, in its scheduler process too (spawned
+interpreters import it at start-up), so the server itself carries no test hook."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import torch
+
+from minisgl import sampling
+from minisgl.sampling import SamplingParams
+
+FAULTY_SEED = 666
+FAULT = "RuntimeError: injected fault"
+FAIL_AT_CALL = 3
+
+Probabilities = Callable[[torch.Tensor, SamplingParams], torch.Tensor]
+
+
+def faulty(real: Probabilities) -> Probabilities:
+    calls: Counter[int] = Counter()  # by request: its params object is the same on every step
+
+    def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        if params.seed == FAULTY_SEED:
+            calls[id(params)] += 1
+            if calls[id(params)] == FAIL_AT_CALL:
+                raise RuntimeError("injected fault")
+        return real(logits, params)
+
+    return probabilities
+
+
+def install() -> None:
+    sampling.probabilities = faulty(sampling.probabilities)
