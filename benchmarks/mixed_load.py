@@ -3,7 +3,8 @@
 All requests arrive at once (a burst) in a shuffled order, with prompt lengths spread geometrically
 from ``--min-len`` to ``--max-len`` tokens of random ids (no prefix sharing), and each generates
 ``--output-len`` tokens. The scheduler runs in this process; TTFT is measured from the burst to the
-step that returns a request's first token. Prints p50 / p99 TTFT by prompt-length bucket.
+step that returns a request's first token. Prints p50 / p99 TTFT by prompt-length bucket, in seconds
+and in passes (forward passes until the first token: the scheduling itself, whatever the machine's load).
 
 Run: python -m benchmarks.mixed_load [--requests 64] [--min-len 20] [--max-len 7221] [--output-len 8]
 """
@@ -62,6 +63,7 @@ def main() -> None:
     for req in reqs:
         scheduler.add(req)
     ttft: dict[int, float] = {}
+    first_pass: dict[int, int] = {}
     passes = 0
     while scheduler.has_work:
         outputs = scheduler.step()
@@ -69,18 +71,22 @@ def main() -> None:
         now = time.perf_counter() - start
         for out in outputs:
             ttft.setdefault(out.rid, now)
+            first_pass.setdefault(out.rid, passes)
     total = time.perf_counter() - start
     print(f"\n{args.requests} requests, prompts {args.min_len}..{args.max_len} tokens ({sum(lengths)} in all), "
           f"{args.output_len} output tokens, max_prefill_tokens {args.max_prefill_tokens}: "
           f"{total:.1f} s, {passes} passes")  # fmt: skip
-    print(f"{'prompt tokens':>15} {'requests':>8} {'p50 TTFT s':>11} {'p99 TTFT s':>11}")
+    print(f"{'prompt tokens':>15} {'requests':>8} {'p50 TTFT s':>11} {'p99 TTFT s':>11} {'p50 passes':>11} {'p99 passes':>11}")
     for low, high in BUCKETS:
-        times = [ttft[r.rid] for r in reqs if low <= r.prompt_len < high]
-        if times:
+        bucket = [r for r in reqs if low <= r.prompt_len < high]
+        if bucket:
+            times = [ttft[r.rid] for r in bucket]
+            counts = [float(first_pass[r.rid]) for r in bucket]
             label = f"{low}-{high - 1}" if high < 1 << 30 else f">={low}"
-            print(f"{label:>15} {len(times):>8} {statistics.median(times):>11.2f} {percentile(times, 0.99):>11.2f}")
+            print(f"{label:>15} {len(bucket):>8} {statistics.median(times):>11.2f} {percentile(times, 0.99):>11.2f} "
+                  f"{statistics.median(counts):>11.0f} {percentile(counts, 0.99):>11.0f}")  # fmt: skip
     shortest = min(reqs, key=lambda r: r.prompt_len)
-    print(f"shortest prompt ({shortest.prompt_len} tokens): TTFT {ttft[shortest.rid]:.2f} s")
+    print(f"shortest prompt ({shortest.prompt_len} tokens): TTFT {ttft[shortest.rid]:.2f} s, pass {first_pass[shortest.rid]}")
     print(f"load average after: {load_average()}")
     llm.shutdown()
 
