@@ -1,13 +1,14 @@
 """An error that belongs to one request fails that request alone (issue #16): its client is told what
 went wrong, its KV goes back, and the requests beside it finish with their normal outputs.
 
-The fault (``fault_injection``) is injected into the sampling of one request."""
+The fault (``fault_injection``) is injected into the sampling of one request, or into its grammar
+(its mask, or a grammar that rejects the sampled token)."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tiny_models import build_tiny_model
 
 import minisgl.sampling
 from minisgl import LLM, SamplingParams
+from minisgl.request import Req
 
 TESTS = Path(__file__).parent
 PROMPTS = [[5, 6, 7, 8], [100, 200, 300], [42] * 20]
@@ -46,6 +48,71 @@ def test_a_failing_sampler_fails_only_its_request(tmp_path: Path, monkeypatch: p
     assert llm.generate([PROMPTS[0]], params(1), use_tqdm=False)[0]["token_ids"] == normal[0]["token_ids"]
     llm.shutdown()
 
+
+
+def grammar_params(seed: int) -> SamplingParams:
+    # The tiny model's tokens are the words w3..w511 (no spaces): the output is 3 to 6 of w5 / w6 / w7.
+    return SamplingParams(max_tokens=12, temperature=1.0, seed=seed, regex=r"(w5|w6|w7){3,6}")
+
+
+def run_grammar_batch(llm: LLM, break_one: Callable[[Req], None] | None = None) -> list[Req]:
+    """Two constrained requests and a greedy one in one batch; ``break_one`` sabotages the second."""
+    sched = llm.scheduler
+    batch = [grammar_params(1), grammar_params(2), params(None)]
+    reqs = [sched.make_request(i, ids, p) for i, (ids, p) in enumerate(zip(PROMPTS, batch))]
+    if break_one is not None:
+        break_one(reqs[1])
+    for req in reqs:
+        sched.add(req)
+    while sched.has_work:
+        sched.step()
+    return reqs
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLM]:
+    folder = build_tiny_model("llama", tmp_path_factory.mktemp("grammar") / "m")
+    llm = LLM(str(folder), num_page_override=1024, max_seq_len_override=256)
+    yield llm
+    llm.shutdown()
+
+
+def injected_fault(*_: object) -> None:
+    raise RuntimeError("injected fault")
+
+
+def test_a_failing_grammar_mask_fails_only_its_request(tiny_llm: LLM) -> None:
+    normal = run_grammar_batch(tiny_llm)
+    assert [r.finish_reason for r in normal] == ["stop", "stop", "length"]
+    tiny_llm.flush_cache()
+    reqs = run_grammar_batch(tiny_llm, lambda req: setattr(req.grammar, "fill_bitmask", injected_fault))
+    assert reqs[1].finish_reason == "error" and reqs[1].error == f"grammar failed: {FAULT}"
+    assert reqs[1].output_ids == []  # its first mask failed: nothing was sampled for it
+    for i in (0, 2):
+        assert reqs[i].finish_reason == normal[i].finish_reason and reqs[i].error is None
+        assert reqs[i].output_ids == normal[i].output_ids
+    assert_idle_balanced(tiny_llm)
+
+
+def test_a_token_its_grammar_rejects_fails_only_its_request(tiny_llm: LLM) -> None:
+    normal = run_grammar_batch(tiny_llm)
+    tiny_llm.flush_cache()
+    rejected: list[int] = []
+
+    def reject(token: int) -> bool:
+        rejected.append(token)
+        return False
+
+    reqs = run_grammar_batch(tiny_llm, lambda req: setattr(req.grammar, "accept", reject))
+    assert rejected == [normal[1].output_ids[0]]  # the mask still allowed the normal first token
+    assert reqs[1].finish_reason == "error"
+    assert reqs[1].error == f"token handling failed: RuntimeError: sampled token {rejected[0]} is outside the request's grammar"
+    assert reqs[1].output_ids == []  # the rejected token is not part of the output
+    for i in (0, 2):
+        assert reqs[i].output_ids == normal[i].output_ids and reqs[i].error is None
+    assert_idle_balanced(tiny_llm)
+    out = tiny_llm.generate([PROMPTS[1]], grammar_params(2), use_tqdm=False)[0]  # the engine carries on
+    assert out["token_ids"] == normal[1].output_ids and out["meta"]["error"] is None
 
 @pytest.fixture(scope="module")
 def faulty_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:

@@ -174,6 +174,7 @@ class Scheduler:
         """Everything done per request with its sampled token: append it (and the tokens its
         grammar forces after it), check whether the request finished, retire it if so. One output
         per appended token, the last carrying the finish reason."""
+        kept = len(req.token_ids)
         req.token_ids.append(token)
         try:
             forced = self._advance_grammar(req, token)
@@ -181,6 +182,7 @@ class Scheduler:
             tokens = [token, *forced]
             reason = self._finish_reason(req, tokens)
         except Exception as e:  # noqa: BLE001 - its grammar or stop handling failed: only this request fails
+            del req.token_ids[kept:]  # the tokens it failed on are not its output (and have no KV)
             return [self._fail(req, f"token handling failed: {type(e).__name__}: {e}")]
         self.stats.generated_tokens += len(tokens)
         if reason is not None:
