@@ -10,7 +10,7 @@ weight (with its group scales) against fp32's 4. Two formats, one per kernel tor
 
 Both kernels only pay off for a few rows (measured in issue #13 on SmolLM2's shapes: int4 12x
 faster than fp32 at 1 row, 3x at 16, 1.5x at 64; int8 4x at 1 row, slower past 16). Beyond
-``max_kernel_rows`` (prefill) the weight is dequantized for that call and the matmul is dense.
+``max_kernel_rows`` (prefill) ``Linear`` runs its dense weight, which it keeps for that.
 Off the CPU the loader keeps dense dequantized weights instead (``dequantize``).
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 QuantMode = Literal["int4", "int8"]
@@ -35,9 +34,8 @@ class QuantizedWeight(nn.Module):
     in_features: int
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """On the CPU, for at most ``max_kernel_rows`` rows (``Linear`` runs more on its dense weight)."""
         rows = x.reshape(-1, x.shape[-1])
-        if rows.shape[0] > self.max_kernel_rows or not rows.is_cpu:
-            return F.linear(x, self.dequantize(x.dtype))
         return self.kernel(rows).to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
