@@ -6,7 +6,6 @@ import argparse
 import logging
 import signal
 import socket
-from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
@@ -53,10 +52,10 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     logging.getLogger("minisgl").setLevel(level)
     api_key = api_key_from(args)  # a bad key file fails before anything starts
     sock = _bind(args.host, args.port)  # before the model loads: a busy port fails in a second, not after it
-    # Resolve (and for GGUF, convert) once here, so the scheduler process finds a plain folder.
+    # Resolve (and for GGUF, convert) once here, so the scheduler process finds the converted folder
+    # cached; it keeps the GGUF file itself as the model, since quantization="auto" reads its blocks.
     path = resolve_model_path(config.model)
     logger.info("model %s -> %s", config.model or DEFAULT_FILE, path)
-    config = replace(config, model=str(path))
     tokenizer = AutoTokenizer.from_pretrained(str(path))
 
     def on_engine_death() -> None:
