@@ -30,8 +30,9 @@ from minisgl import LLM, SamplingParams
 API_KEY = "test-key"
 MODEL = "SmolLM2-135M-Instruct"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-# 1024 KV slots: a few requests' worth, so 32 concurrent clients must queue for the pool.
-SERVER_ARGS = ["--num-pages", "1024", "--max-running-req", "32"]
+# 1024 KV slots: a few requests' worth, so 32 concurrent clients must queue for the pool. Dense fp32
+# weights, as the offline reference (``smollm``) runs: greedy outputs must then be identical.
+SERVER_ARGS = ["--num-pages", "1024", "--max-running-req", "32", "--quantization", "none"]
 START_TIMEOUT_S = 300  # two busy cores: model conversion (first run) plus loading can be slow
 REQUEST_TIMEOUT_S = 300
 
@@ -155,6 +156,24 @@ def _greedy(max_tokens: int, **kw: Any) -> SamplingParams:
 
 
 # -- OpenAI endpoints ----------------------------------------------------------------------------
+def test_default_server_runs_the_gguf_quantized(tmp_path: Path) -> None:
+    """With quantization=auto (the default) the scheduler process loads the GGUF file itself and
+    reads its 4-bit blocks (it once got the converted folder and ran dense weights), and its greedy
+    output is the offline engine's with the same weights."""
+    srv = start_server(tmp_path, "--quantization", "auto")  # the last flag wins over SERVER_ARGS'
+    try:
+        body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0}
+        served = srv.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    finally:
+        assert stop_server(srv) == 0, srv.log.read_text()[-3000:]
+    assert "x int4 (Q4_1, exact codes)" in srv.log.read_text(), srv.log.read_text()[-3000:]
+    llm = LLM(num_page_override=1024)
+    try:
+        assert served == llm.generate("The capital of France is", _greedy(12), use_tqdm=False)[0]["text"]
+    finally:
+        llm.shutdown()
+
+
 def test_health_and_models(server: Server) -> None:
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
     models = server.openai().models.list()
