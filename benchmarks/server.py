@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import httpx
 
@@ -150,3 +151,31 @@ def start_warm(server: ServerProcess) -> str:
         server.__exit__(type(e), e, e.__traceback__)
         raise
     return url
+
+
+class WarmServer:
+    """An online system that is one server process: started and warmed up on entry, stopped on
+    exit; ``fresh()`` empties its prefix cache through ``flush_path`` and returns its url."""
+
+    flush_path: str
+    server: ServerProcess
+    url: str
+
+    def __enter__(self) -> Self:
+        self.url = start_warm(self.server)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.server.__exit__(exc_type, exc, tb)
+
+    @property
+    def pid(self) -> int:
+        return self.server.pid
+
+    def fresh(self) -> str:
+        response = httpx.post(f"{self.url}{self.flush_path}", timeout=60.0)
+        if response.status_code != 200:
+            raise RuntimeError(f"{self.flush_path} answered {response.status_code}: {response.text[:300]}")
+        return self.url

