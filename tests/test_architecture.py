@@ -11,8 +11,8 @@ import minisgl
 
 # Bottom to top, as in docs/architecture.md. A unit is a subpackage or a top-level module.
 LAYERS: list[set[str]] = [
-    {"constrained"},
-    {"registry", "sampling", "kernels", "layers", "distributed", "text"},
+    {"constrained", "kernels"},
+    {"registry", "sampling", "layers", "distributed", "text"},
     {"batch", "kvcache"},
     {"attention", "models", "request"},
     {"config"},

@@ -6,11 +6,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minisgl.attention.decode import MIN_SHARED_PREFIX, CascadeDecode, MatmulDecode, SdpaDecode, shared_groups
+from minisgl.attention import torch_backend
+from minisgl.attention.decode import (
+    MIN_SHARED_PREFIX,
+    CascadeDecode,
+    MatmulDecode,
+    PagedDecode,
+    SdpaDecode,
+    shared_groups,
+)
 from minisgl.attention.prefill import CachedPrefill, FreshPrefill, PrefillAttention, SingleFreshPrefill, padding_buckets
 from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.attention.torch_backend import PerLayerWindow
 from minisgl.batch import Batch
+from minisgl.kernels.native import cpu_kernels
 from minisgl.kvcache.pool import KVPool
 
 HEADS, KV_HEADS, DIM, SLOTS = 6, 2, 16, 4096
@@ -47,19 +56,28 @@ def hand_built_batch(table: torch.Tensor, prefix_lens: list[int], extend_lens: l
     )
 
 
-# (layout of shared KV runs, dtype) → the decode strategy the backend must choose.
+# (layout of shared KV runs, dtype, C kernels built) → the decode strategy the backend must choose.
 @pytest.mark.parametrize(
-    "layout, dtype, strategy",
+    "layout, dtype, c_kernels, strategy",
     [
-        ("private", torch.float32, SdpaDecode),
-        ("private", torch.bfloat16, MatmulDecode),
-        ("shared", torch.float32, CascadeDecode),
-        ("mixed", torch.float32, CascadeDecode),
-        ("shared", torch.bfloat16, CascadeDecode),
-        ("mixed", torch.bfloat16, CascadeDecode),
+        ("private", torch.float32, True, PagedDecode),
+        ("shared", torch.float32, True, PagedDecode),
+        ("mixed", torch.float32, True, PagedDecode),
+        ("private", torch.float32, False, SdpaDecode),
+        ("private", torch.bfloat16, False, MatmulDecode),
+        ("shared", torch.float32, False, CascadeDecode),
+        ("mixed", torch.float32, False, CascadeDecode),
+        ("shared", torch.bfloat16, False, CascadeDecode),
+        ("mixed", torch.bfloat16, False, CascadeDecode),
     ],
 )
-def test_decode_strategies_match_reference(layout: str, dtype: torch.dtype, strategy: type) -> None:
+def test_decode_strategies_match_reference(
+    layout: str, dtype: torch.dtype, c_kernels: bool, strategy: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not c_kernels:
+        monkeypatch.setattr(torch_backend, "cpu_kernels", lambda: None)
+    elif cpu_kernels() is None:
+        pytest.skip("the C kernels do not build here")
     g = torch.Generator().manual_seed(0)
     pool = random_pool(dtype, g)
     table = torch.zeros(8, 512, dtype=torch.int64)
@@ -149,8 +167,17 @@ def test_prefill_strategies_match_reference(shapes: list[tuple[int, int]], fresh
 WINDOW = 120
 
 
-@pytest.mark.parametrize("dtype, strategy", [(torch.float32, SdpaDecode), (torch.bfloat16, MatmulDecode)])
-def test_windowed_decode_reads_the_last_window_keys_and_no_shared_run(dtype: torch.dtype, strategy: type) -> None:
+@pytest.mark.parametrize(
+    "dtype, c_kernels, strategy",
+    [(torch.float32, True, PagedDecode), (torch.float32, False, SdpaDecode), (torch.bfloat16, False, MatmulDecode)],
+)
+def test_windowed_decode_reads_the_last_window_keys_and_no_shared_run(
+    dtype: torch.dtype, c_kernels: bool, strategy: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not c_kernels:
+        monkeypatch.setattr(torch_backend, "cpu_kernels", lambda: None)
+    elif cpu_kernels() is None:
+        pytest.skip("the C kernels do not build here")
     g = torch.Generator().manual_seed(2)
     pool = random_pool(dtype, g)
     lens = [230, 201, 90, 300]

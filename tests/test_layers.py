@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl.layers import norm
 from minisgl.layers.linear import Linear, linear, pack_weights
+from minisgl.layers.norm import RMSNorm
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
@@ -30,3 +32,23 @@ def test_packed_linear_matches_plain(rows: int, with_bias: bool, dtype: torch.dt
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(y, expected, rtol=tol, atol=tol * 10)
     torch.testing.assert_close(linear(x, plain, layer.bias), expected)  # an unpacked weight takes F.linear
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_rms_norm_and_its_residual_add_match_hugging_face(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On either path (the C kernel where it builds, torch's ops otherwise), within fp32 rounding."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    torch.manual_seed(0)
+    x, delta = torch.randn(rows, 576) * 3, torch.randn(rows, 576)
+    reference = LlamaRMSNorm(576, eps=1e-5)
+    reference.weight.data = torch.rand(576) + 0.5
+    ours = RMSNorm(576, 1e-5)
+    ours.weight.data = reference.weight.data.clone()
+    for c_kernels in (True, False):
+        if not c_kernels:
+            monkeypatch.setattr(norm, "cpu_kernels", lambda: None)
+        torch.testing.assert_close(ours(x), reference(x), rtol=1e-6, atol=1e-6)
+        normed, total = ours.add_forward(delta, x)
+        assert torch.equal(total, x + delta)
+        torch.testing.assert_close(normed, reference(x + delta), rtol=1e-6, atol=1e-6)

@@ -1,7 +1,9 @@
 """Decode strategies: every request adds one token and attends its whole KV, gathered into a padded
 [batch, max_len] layout with the padding masked out.
 
-- ``SdpaDecode``: one SDPA call (fp32 on CPU, and CUDA).
+- ``PagedDecode``: fp32 on CPU with the engine's C kernels: keys and values read in place from the
+  pool (``minisgl/kernels/cpu/paged_attention.c``), no gathered copy, hence no shared runs either.
+- ``SdpaDecode``: one SDPA call (fp32 on CPU without the C kernels, and CUDA).
 - ``MatmulDecode``: bf16/fp16 on CPU, two matmuls and a softmax; SDPA's GQA path ran 7-14x slower
   on 32 x 64 to 8 x 2000 decode shapes (it copies K/V per query head, then a slow bf16 kernel).
 - ``CascadeDecode``: when several requests share a long run of KV slots (a system prompt in the
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.attention.ops import attention_with_lse, key_bias
+from minisgl.kernels.native import CpuKernels
 from minisgl.kvcache.pool import KVPool
 
 # A shared run shorter than this is cheaper to gather per request than to attend separately.
@@ -46,6 +49,21 @@ class DecodeAttention:
         """``qg``: [batch, kv_heads, heads per kv head, dim], ``ki``/``vi``: [batch, kv_heads, max_len, dim]
         → [batch, heads * dim]."""
         raise NotImplementedError
+
+
+class PagedDecode(DecodeAttention):
+    """``kv_slots``' row b holds request b's keys in its first ``kv_lens[b]`` entries."""
+
+    def __init__(
+        self, pool: KVPool, out_slots: torch.Tensor, kv_slots: torch.Tensor, kv_lens: torch.Tensor, kernels: CpuKernels
+    ) -> None:
+        super().__init__(pool, out_slots, kv_slots, None)
+        self.kv_lens, self.kernels = kv_lens, kernels
+
+    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.pool.store(layer_id, self.out_slots, k, v)
+        k_pool, v_pool = self.pool.k[layer_id], self.pool.v[layer_id]
+        return self.kernels.paged_decode_attention(q, k_pool, v_pool, self.kv_slots, self.kv_lens)
 
 
 class SdpaDecode(DecodeAttention):

@@ -10,7 +10,15 @@ from functools import cached_property
 import torch
 
 from minisgl.attention.base import AttentionBackend
-from minisgl.attention.decode import CascadeDecode, DecodeAttention, MatmulDecode, SdpaDecode, SharedRuns, shared_groups
+from minisgl.attention.decode import (
+    CascadeDecode,
+    DecodeAttention,
+    MatmulDecode,
+    PagedDecode,
+    SdpaDecode,
+    SharedRuns,
+    shared_groups,
+)
 from minisgl.attention.ops import key_bias
 from minisgl.attention.prefill import (
     CachedPrefill,
@@ -22,6 +30,7 @@ from minisgl.attention.prefill import (
     padding_buckets,
 )
 from minisgl.batch import AttentionContext, Batch
+from minisgl.kernels.native import CpuKernels, cpu_kernels
 
 
 class PerLayerWindow:
@@ -42,6 +51,14 @@ class TorchAttentionBackend(AttentionBackend):
         kernel wins at long contexts, and on CUDA SDPA is the fused kernel."""
         half_on_cpu = self.pool.k.dtype != torch.float32 and self.pool.k.device.type == "cpu"
         return MatmulDecode if half_on_cpu else SdpaDecode
+
+    @cached_property
+    def _paged_kernels(self) -> CpuKernels | None:
+        """The C kernels, where they run this pool's decode: fp32 on the CPU, head_dim a multiple
+        of 16, at most 16 query heads per KV head."""
+        pool = self.pool.k
+        fits = self.head_dim % 16 == 0 and self.num_heads // self.num_kv_heads <= 16
+        return cpu_kernels() if pool.dtype == torch.float32 and pool.device.type == "cpu" and fits else None
 
     def prepare(self, batch: Batch) -> AttentionContext:
         windows = set(self.layer_windows)
@@ -80,8 +97,9 @@ class TorchAttentionBackend(AttentionBackend):
         kv_lens = batch.kv_lens.to(device)
         slot_rows = self.page_table[batch.table_rows.to(device), : int(kv_lens.max())]
         # A window reads only each request's last ``window`` keys, and no shared runs (a shared
-        # prefix may lie partly outside it).
-        groups = shared_groups(slot_rows, kv_lens) if window is None else []
+        # prefix may lie partly outside it). Keys read in place need no shared runs either.
+        paged = self._paged_kernels
+        groups = shared_groups(slot_rows, kv_lens) if window is None and paged is None else []
         starts = torch.zeros_like(kv_lens) if window is None else (kv_lens - window).clamp(min=0)
         for members, run_len in groups:
             starts[members] = run_len
@@ -94,6 +112,8 @@ class TorchAttentionBackend(AttentionBackend):
         # Entries past a request's length are stale but valid slot ids: read, then masked out.
         gather_at = (starts.unsqueeze(1) + positions).clamp(max=slot_rows.shape[1] - 1)
         kv_slots = torch.gather(slot_rows, 1, gather_at).contiguous()
+        if paged is not None:
+            return PagedDecode(self.pool, batch.out_slots, kv_slots, own_lens, paged)
         dtype = self.pool.k.dtype
         bias = None if bool(valid.all()) else key_bias(valid, dtype).view(batch.num_reqs, 1, 1, max_len)
         if not groups:

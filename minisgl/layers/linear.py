@@ -113,7 +113,7 @@ class Linear(nn.Module):
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         q = self.quantized
         if q is not None and x.is_cpu and x.numel() <= q.max_kernel_rows * x.shape[-1]:
-            y = q(x)
+            y = q.forward(x)  # not q(x): a module call's hook machinery costs ~3 us, 120 times a step
             return y if bias is None else y + bias
         return linear(x, self.weight, bias)
 

@@ -1,29 +1,47 @@
-"""Weight-only quantized matrices for ``Linear``, run by torch's CPU kernels.
+"""Weight-only quantized matrices for ``Linear``, run by the engine's C kernels on the CPU.
 
 Decode reads every weight once per step, so its speed is the weights' bytes: int4 is ~0.6 byte per
-weight (with its group scales) against fp32's 4. Two formats, one per kernel torch ships for CPU:
+weight (with its group scales) against fp32's 4. Two formats:
 
-- ``Int4Weight``: 4-bit codes with a scale and a zero per group of 32 input columns,
-  w = (q - 8) * scale + zero (``aten._weight_int4pack_mm_for_cpu``; bf16 activations, bf16 scales).
-  GGUF's Q4_0, Q4_1 and Q4_K store exactly this (w = d*q + m is (q - 8)*d + (m + 8d)).
-- ``Int8Weight``: 8-bit symmetric codes with one scale per output row (``aten._weight_int8pack_mm``).
+- ``Int4Weight``: 4-bit codes with an fp16 scale and minimum per group of 32 input columns,
+  w = q * scale + minimum: GGUF's Q4_0, Q4_1 and Q4_K store exactly this.
+- ``Int8Weight``: 8-bit symmetric codes with one scale per output row.
 
-Both kernels only pay off for a few rows (measured in issue #13 on SmolLM2's shapes: int4 12x
-faster than fp32 at 1 row, 3x at 16, 1.5x at 64; int8 4x at 1 row, slower past 16). Beyond
+``minisgl/kernels/cpu/quant_gemm.c`` multiplies them with fp32 rows (integer dot products with
+AVX-512 VNNI, as llama.cpp does). Where it cannot be built, torch's own CPU kernels run instead
+(``aten._weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm``: bf16 activations, about 1.5-2x
+slower), their packed copies made on first use. Both only pay off for a few rows: beyond
 ``max_kernel_rows`` (prefill) ``Linear`` runs its dense weight, which it keeps for that.
 Off the CPU the loader keeps dense dequantized weights instead (``dequantize``).
 """
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Literal
 
 import torch
 from torch import nn
 
+from minisgl.kernels.native import Matmul, cpu_kernels
+
 QuantMode = Literal["int4", "int8"]
 INT4_GROUP = 32  # GGUF's block size for Q4_0/Q4_1 and Q4_K's sub-blocks
-_INT4_INNER_K_TILES = 2  # the CPU packing's tile parameter (2, 4 or 8; 2 divides every K that is a multiple of 32)
+INT4_BLOCK = 2 * INT4_GROUP  # the C kernel's unit: two groups' codes in 32 bytes
+_INT4_INNER_K_TILES = 2  # torch's int4 packing's tile parameter (2, 4 or 8; 2 divides every K that is a multiple of 32)
+
+
+def _int4_columns() -> torch.Tensor:
+    """Column of each of a 64-column block's 64 nibbles in the C kernel's layout: the 32 low nibbles
+    then the 32 high ones, four columns of one group per 32-bit lane, groups alternating by lane
+    (``quant_gemm.c``)."""
+    j = torch.arange(INT4_BLOCK)
+    lane, b = j // 4, j % 4
+    return (lane % 2) * INT4_GROUP + (lane // 2) * 4 + b
+
+
+INT4_COLUMNS = _int4_columns()
+INT4_NIBBLES = torch.argsort(INT4_COLUMNS)  # inverse: the nibble of each column
 
 
 class QuantizedWeight(nn.Module):
@@ -35,10 +53,13 @@ class QuantizedWeight(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """On the CPU, for at most ``max_kernel_rows`` rows (``Linear`` runs more on its dense weight)."""
+        if x.dim() == 2 and x.dtype == torch.float32:  # the decode step's case: nothing to reshape or cast
+            return self.kernel(x)
         rows = x.reshape(-1, x.shape[-1])
         return self.kernel(rows).to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        """[rows, in] → [rows, out], fp32 from the C kernels, bf16 from torch's."""
         raise NotImplementedError
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -51,56 +72,77 @@ class QuantizedWeight(nn.Module):
 class Int4Weight(QuantizedWeight):
     max_kernel_rows = 64
 
-    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, nibbles: torch.Tensor) -> None:
-        """The kernel's packed codes, its [in / 32, out, 2] bf16 (scale, zero) and the codes two per
-        byte ([out, in / 2], for the dense path): what ``from_codes`` builds and ``state_dict`` holds."""
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> None:
+        """``codes``: [out, in / 2] uint8 in the C kernel's layout (``from_codes`` builds it);
+        ``scale``, ``minimum``: [out, in / 32] fp16. What ``state_dict`` holds."""
         super().__init__()
-        self.out_features, self.in_features = nibbles.shape[0], nibbles.shape[1] * 2
-        self.register_buffer("packed", packed)
-        self.register_buffer("scales_and_zeros", scales_and_zeros)
-        self.register_buffer("nibbles", nibbles)
+        self.out_features, self.in_features = codes.shape[0], codes.shape[1] * 2
+        self.register_buffer("codes", codes)
+        self.register_buffer("scale", scale)
+        self.register_buffer("minimum", minimum)
 
     @classmethod
-    def from_codes(cls, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> Int4Weight:
-        """``codes``: [out, in] integers in 0..15; ``scale``, ``zero``: [out, in / 32], so that
-        w = (codes - 8) * scale + zero, group by group."""
+    def from_codes(cls, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> Int4Weight:
+        """``codes``: [out, in] integers in 0..15; ``scale``, ``minimum``: [out, in / 32], so that
+        w = codes * scale + minimum, group by group (fp16 scales: exact for GGUF's own)."""
         out_features, in_features = codes.shape
-        if in_features % INT4_GROUP or scale.shape != (out_features, in_features // INT4_GROUP):
+        if in_features % INT4_BLOCK or scale.shape != (out_features, in_features // INT4_GROUP):
             raise ValueError(
-                f"int4 needs groups of {INT4_GROUP} input columns: weight {tuple(codes.shape)}, scales {tuple(scale.shape)}"
+                f"int4 needs a multiple of {INT4_BLOCK} input columns and a scale per {INT4_GROUP}: "
+                f"weight {tuple(codes.shape)}, scales {tuple(scale.shape)}"
             )
-        q = codes.to(torch.int32).contiguous()
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, _INT4_INNER_K_TILES)
-        # The kernel takes [groups, out, 2] (scale, zero) in the activations' dtype, bf16.
-        scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
-        # Kept for the dense path (prefill, other devices): half a byte per weight, two codes a byte.
-        nibbles = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
-        return cls(packed, scales_and_zeros, nibbles)
+        scale16, minimum16 = scale.to(torch.float16), minimum.to(torch.float16)
+        if not (scale16.isfinite().all() and minimum16.isfinite().all()):
+            raise ValueError("int4 scales or minimums out of fp16's range")
+        blocks = codes.to(torch.uint8).view(out_features, -1, INT4_BLOCK)[:, :, INT4_COLUMNS]
+        packed = blocks[..., : INT4_BLOCK // 2] | (blocks[..., INT4_BLOCK // 2 :] << 4)
+        return cls(packed.reshape(out_features, -1).contiguous(), scale16.contiguous(), minimum16.contiguous())
 
     @classmethod
     def from_groups(cls, w: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> Int4Weight:
         """The codes of ``w`` on a given grid w = scale * q + minimum (a GGUF file's, or ``rtn_groups``):
         exact when ``w`` was dequantized from that grid."""
-        scale, minimum = scale.float(), minimum.float()
+        scale, minimum = scale.half().float(), minimum.half().float()  # the grid the kernel will use
         inverse = torch.where(scale == 0, 0.0, 1 / scale)  # an all-equal group: every code 0
         q = (_groups(w) - minimum.unsqueeze(-1)).mul_(inverse.unsqueeze(-1)).round_().clamp_(0, 15)
-        return cls.from_codes(q.view(w.shape), scale, minimum + 8 * scale)
+        return cls.from_codes(q.view(w.shape), scale, minimum)
 
     @classmethod
     def quantize(cls, w: torch.Tensor) -> Int4Weight:
         """Round-to-nearest per group of 32: the group's minimum and (max - min) / 15 as scale."""
         return cls.from_groups(w, *rtn_groups(w))
 
+    def unpacked_codes(self) -> torch.Tensor:
+        """[out, in] codes 0..15 in column order."""
+        packed = self.codes.view(self.out_features, -1, INT4_BLOCK // 2)
+        nibbles = torch.cat([packed & 0xF, packed >> 4], dim=-1)  # per block: low nibbles, then high
+        return nibbles[:, :, INT4_NIBBLES].reshape(self.out_features, self.in_features)
+
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(
-            rows.to(torch.bfloat16), self.packed, INT4_GROUP, self.scales_and_zeros
+        if self._c_matmul is not None:
+            return self._c_matmul(rows.float())
+        packed, scales_and_zeros = self._torch_packing
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), packed, INT4_GROUP, scales_and_zeros)
+
+    @cached_property
+    def _c_matmul(self) -> Matmul | None:
+        kernels = cpu_kernels()
+        return None if kernels is None else kernels.int4(self.codes, self.scale, self.minimum)
+
+    @cached_property
+    def _torch_packing(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """torch's packed codes and its [in / 32, out, 2] bf16 (scale, zero), w = (q - 8) * scale + zero."""
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            self.unpacked_codes().to(torch.int32).contiguous(), _INT4_INNER_K_TILES
         )
+        scale, minimum = self.scale.float(), self.minimum.float()
+        pairs = torch.stack([scale, minimum + 8 * scale], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        return packed, pairs
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        codes = torch.stack([self.nibbles & 0xF, self.nibbles >> 4], dim=-1).view(self.out_features, -1, INT4_GROUP)
-        scale, zero = self.scales_and_zeros.to(dtype).transpose(0, 1).unbind(-1)
-        w = (codes.to(dtype) - 8) * scale.unsqueeze(-1) + zero.unsqueeze(-1)
-        return w.view(self.out_features, self.in_features)
+        codes = self.unpacked_codes().view(self.out_features, -1, INT4_GROUP).float()
+        w = codes * self.scale.float().unsqueeze(-1) + self.minimum.float().unsqueeze(-1)
+        return w.view(self.out_features, self.in_features).to(dtype)
 
 
 def _groups(w: torch.Tensor) -> torch.Tensor:
@@ -124,20 +166,31 @@ class Int8Weight(QuantizedWeight):
         super().__init__()
         self.out_features, self.in_features = codes.shape
         self.register_buffer("codes", codes.to(torch.int8).contiguous())
-        # bf16 activations (and so scales): the kernel's fp32 path measured 10-100x slower past one row.
-        self.register_buffer("scale", scale.to(torch.bfloat16))
+        self.register_buffer("scale", scale.float().contiguous())
 
     @classmethod
     def quantize(cls, w: torch.Tensor) -> Int8Weight:
-        """Symmetric round-to-nearest per output row (the kernel has one scale per row)."""
+        """Symmetric round-to-nearest per output row (torch's kernel has one scale per row)."""
         scale = w.float().abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
         return cls((w.float() / scale.unsqueeze(1)).round().clamp(-127, 127), scale)
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.codes, self.scale)
+        if self._c_matmul is not None:
+            return self._c_matmul(rows.float())
+        # bf16 activations (and so scales): the torch kernel's fp32 path measured 10-100x slower past one row.
+        return torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.codes, self._bf16_scale)
+
+    @cached_property
+    def _c_matmul(self) -> Matmul | None:
+        kernels = cpu_kernels() if self.in_features % INT4_GROUP == 0 else None
+        return None if kernels is None else kernels.int8(self.codes, self.scale)
+
+    @cached_property
+    def _bf16_scale(self) -> torch.Tensor:
+        return self.scale.to(torch.bfloat16)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return self.codes.to(dtype) * self.scale.to(dtype).unsqueeze(1)
+        return (self.codes.float() * self.scale.unsqueeze(1)).to(dtype)
 
 
 WEIGHT_CLASSES: dict[str, type[QuantizedWeight]] = {"Int4Weight": Int4Weight, "Int8Weight": Int8Weight}

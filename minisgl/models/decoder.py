@@ -52,13 +52,17 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
 
     def forward(self, x: torch.Tensor, rope: Rope, ctx: AttentionContext) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, rope)
+        qkv = self.qkv_proj(x)
+        tokens, (q_size, kv_size, _) = qkv.shape[0], self.split_sizes
+        if self.q_norm is None or self.k_norm is None:
+            # Q and K lie side by side in the fused projection: one rotation for both heads.
+            qk = apply_rotary(qkv[:, : q_size + kv_size].view(tokens, -1, self.head_dim), rope)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        else:
+            q = self.q_norm(qkv[:, :q_size].view(tokens, self.num_heads, self.head_dim))
+            k = self.k_norm(qkv[:, q_size : q_size + kv_size].view(tokens, self.num_kv_heads, self.head_dim))
+            q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+        v = qkv[:, q_size + kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
         return self.o_proj(ctx.attend(self.layer_id, q, k, v))
 
 
@@ -84,9 +88,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp(cfg, layer_id, tp)
 
-    def forward(self, x: torch.Tensor, rope: Rope, ctx: AttentionContext) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, rope: Rope, ctx: AttentionContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it): the caller adds the two, in
+        the next layer's norm, so that each add and norm is one call. ``residual`` is None for the
+        first layer, whose input is the residual stream itself."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        h, residual = self.post_attention_layernorm.add_forward(self.self_attn(h, rope, ctx), residual)
+        return self.mlp(h), residual
 
 
 def vocab_range(cfg: ModelConfig, tp: TPGroup) -> tuple[int, int]:
@@ -127,8 +140,10 @@ class DecoderForCausalLM(nn.Module):
     ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         rope = self.model.rotary.table(positions, x.dtype)
+        residual = None
         for layer in self.model.layers:
-            x = layer(x, rope, ctx)
+            x, residual = layer(x, residual, rope, ctx)
         # The final norm and LM head are per row: compute them only where a token is sampled.
-        logits = self.lm_head(self.model.norm(x[logit_rows]))
+        assert residual is not None, "a model has at least one layer"
+        logits = self.lm_head(self.model.norm.add_forward(x[logit_rows], residual[logit_rows])[0])
         return logits if self.tp is None else self.tp.gather_vocab(logits, self.config.vocab_size)

@@ -19,7 +19,7 @@ from minisgl.models.gguf import _cache_key, _cache_root
 logger = logging.getLogger("minisgl.quantize")
 
 # Bump when the stored layout of a quantized weight changes.
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
 
 Plan = dict[str, QuantizedWeight]
 

@@ -4,7 +4,8 @@
 - ``int4`` / ``int8``: every linear layer (the LM head too) round-to-nearest at load: int4 per
   group of 32 input columns (min/max), int8 per output row (symmetric).
 - ``auto``: a GGUF file's own precision. Q4_0 / Q4_1 / Q4_K run as int4 with the file's codes and
-  group scales (exact but for the kernel's bf16 scales); 5 to 8 bit formats as int8 per row
+  group scales (exact; Q4_K's products of scales rounded to fp16), where a layer has a multiple of
+  64 input features (the kernel's block), else as int8; 5 to 8 bit formats as int8 per row
   (requantized: the kernel has one scale per row, the file one per 32 or 16 weights); anything else
   (F32, F16, 2-3 bit and i-quants) stays dense. A Hugging Face folder has no quantized tensors:
   ``auto`` is ``none`` there.
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.layers.linear import Linear, Partition
-from minisgl.layers.quant import INT4_GROUP, Int4Weight, Int8Weight, QuantizedWeight, quantize_weight
+from minisgl.layers.quant import INT4_BLOCK, Int4Weight, Int8Weight, QuantizedWeight, quantize_weight
 from minisgl.models.gguf_quant import INT4_EXACT, INT8_NEAREST, GGUFWeights, Grid
 
 QUANTIZATION_MODES = ("auto", "none", "int4", "int8")
@@ -67,9 +68,9 @@ def _dense(linear: Linear) -> torch.Tensor:
 
 def _choose_rtn(linear: Linear, mode: str) -> Choice:
     w = _dense(linear)
-    if mode == "int4" and w.shape[1] % INT4_GROUP:
+    if mode == "int4" and w.shape[1] % INT4_BLOCK:
         raise ValueError(
-            f"quantization='int4' needs a multiple of {INT4_GROUP} input features; a layer has {w.shape[1]}"
+            f"quantization='int4' needs a multiple of {INT4_BLOCK} input features; a layer has {w.shape[1]}"
         )
     return Choice(quantize_weight(w, "int4" if mode == "int4" else "int8"), f"{mode} (round-to-nearest)")
 
@@ -80,7 +81,7 @@ def _choose_auto(linear: Linear, sources: list[str], gguf: GGUFWeights) -> Choic
         return Choice(None, f"dense ({', '.join(missing)} not in {gguf.name})")
     kinds = sorted({gguf.type_name(s) for s in sources})
     label = "/".join(kinds)
-    if all(k in INT4_EXACT for k in kinds):
+    if all(k in INT4_EXACT for k in kinds) and linear.weight.shape[1] % INT4_BLOCK == 0:
         grids = [gguf.grid(s) for s in sources]
         grid = _shard(Grid.cat(grids), linear.partition, [g.scale.shape[0] for g in grids])
         return Choice(Int4Weight.from_groups(_dense(linear), grid.scale, grid.minimum), f"int4 ({label}, exact codes)")
