@@ -34,11 +34,6 @@
 #error "these kernels need AVX-512 (F, BW, VNNI) and F16C; torch's kernels run instead"
 #endif
 
-static inline int64_t column_of(int64_t j) {  // e(j) of the int4 layout, j = 0..63
-    const int64_t lane = j / 4, b = j % 4;
-    return (lane % 2) * GROUP + (lane / 2) * 4 + b;
-}
-
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // One row of x for the int4 dot products: per pair of groups, its two int8 digits in the weights'
@@ -46,24 +41,35 @@ static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 // sum of the fp32 values (for the minimum's term), zero padded to a multiple of 16 groups.
 static void prepare_int4_row(const float *x, int64_t K, int8_t *codes, __m512 *steps, float *sums) {
     const int64_t pairs = K / PAIR;
+    const __m512 scale_low = _mm512_set1_ps(256.0f);
+    // Group 0's and group 1's 4-byte chunks alternate in the weights' order (e(j) above).
+    const __m512i interleave = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (int64_t p = 0; p < pairs; p++) {
-        const float *xp = x + p * PAIR;
+        __m256i high[2], low[2];
         float step[2];
         for (int g = 0; g < 2; g++) {
-            float amax = 0.0f, sum = 0.0f;
-            for (int i = 0; i < GROUP; i++) { amax = fmaxf(amax, fabsf(xp[g * GROUP + i])); sum += xp[g * GROUP + i]; }
+            const float *xg = x + p * PAIR + g * GROUP;
+            const __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+            sums[2 * p + g] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
             step[g] = amax / 127.0f;
-            sums[2 * p + g] = sum;
+            const __m512 inverse = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+            __m128i h[2], l[2];
+            const __m512 halves[2] = {a, b};
+            for (int i = 0; i < 2; i++) {
+                // Two int8 digits per value: x / step ~ high + low / 256, 15 bits in all (one digit
+                // alone, 7 bits, cost 3x the error of bf16 activations).
+                const __m512 v = _mm512_mul_ps(halves[i], inverse);
+                const __m512 rounded = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                h[i] = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(rounded));
+                l[i] = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v, rounded), scale_low)));
+            }
+            high[g] = _mm256_set_m128i(h[1], h[0]);
+            low[g] = _mm256_set_m128i(l[1], l[0]);
         }
-        // Two int8 digits per value: x / step ~ high + low / 256, 15 bits in all (one digit alone,
-        // 7 bits, cost 3x the error of bf16 activations).
-        int8_t *high = codes + 2 * p * PAIR, *low = high + PAIR;
-        for (int64_t j = 0; j < PAIR; j++) {
-            const int64_t c = column_of(j);
-            const float s = step[c / GROUP], v = s > 0.0f ? xp[c] / s : 0.0f, h = nearbyintf(v);
-            high[j] = (int8_t)h;
-            low[j] = (int8_t)fminf(127.0f, nearbyintf((v - h) * 256.0f));
-        }
+        int8_t *out = codes + 2 * p * PAIR;
+        _mm512_storeu_si512((void *)out, _mm512_permutex2var_epi32(_mm512_castsi256_si512(high[0]), interleave, _mm512_castsi256_si512(high[1])));
+        _mm512_storeu_si512((void *)(out + PAIR), _mm512_permutex2var_epi32(_mm512_castsi256_si512(low[0]), interleave, _mm512_castsi256_si512(low[1])));
         const float s0 = step[0] / 256.0f, s1 = step[1] / 256.0f;  // of the combined high * 256 + low
         steps[p] = _mm512_set_ps(s1, s0, s1, s0, s1, s0, s1, s0, s1, s0, s1, s0, s1, s0, s1, s0);
     }
@@ -184,6 +190,8 @@ static inline __attribute__((always_inline)) void int8_tile(
         for (int64_t t = 0; t < T; t++)
             for (int64_t r = 0; r < R; r++) dot[t][r] = _mm512_setzero_si512();
         for (int64_t k = k0; k < k1; k += 32) {
+            if (o0 + PREFETCH_ROWS + T <= N)
+                for (int64_t t = 0; t < T; t++) _mm_prefetch((const char *)(codes + (o0 + PREFETCH_ROWS + t) * K + k), _MM_HINT_T0);
             for (int64_t t = 0; t < T; t++) {
                 const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(codes + (o0 + t) * K + k)));
                 for (int64_t r = 0; r < R; r++)
