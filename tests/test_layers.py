@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minisgl.layers import norm
+from minisgl.layers import norm, rotary
 from minisgl.layers.linear import Linear, linear, pack_weights
 from minisgl.layers.norm import RMSNorm
+from minisgl.layers.rotary import RotaryEmbedding, apply_rotary
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
@@ -52,3 +53,13 @@ def test_rms_norm_and_its_residual_add_match_hugging_face(rows: int, monkeypatch
         normed, total = ours.add_forward(delta, x)
         assert torch.equal(total, x + delta)
         torch.testing.assert_close(normed, reference(x + delta), rtol=1e-6, atol=1e-6)
+
+
+def test_rotary_on_a_fused_qkv_view_is_the_same_bits_on_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    rotary_embedding = RotaryEmbedding(64, 512, 10000.0, None)
+    qkv = torch.randn(5, 15 * 64)
+    rope = rotary_embedding.table(torch.tensor([0, 3, 100, 200, 511]), torch.float32)
+    qk = qkv[:, : 12 * 64].view(5, 12, 64)  # strided across tokens, as the decoder passes it
+    with_kernels = apply_rotary(qk, rope)
+    monkeypatch.setattr(rotary, "cpu_kernels", lambda: None)
+    assert torch.equal(with_kernels, apply_rotary(qk, rope))

@@ -61,9 +61,8 @@ class PagedDecode(DecodeAttention):
         self.kv_lens, self.kernels = kv_lens, kernels
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self.pool.store(layer_id, self.out_slots, k, v)
-        k_pool, v_pool = self.pool.k[layer_id], self.pool.v[layer_id]
-        return self.kernels.paged_decode_attention(q, k_pool, v_pool, self.kv_slots, self.kv_lens)
+        k_pool, v_pool = self.pool.k[layer_id], self.pool.v[layer_id]  # the new K/V are stored by the same call
+        return self.kernels.paged_decode_attention(q, k, v, self.out_slots, k_pool, v_pool, self.kv_slots, self.kv_lens)
 
 
 class SdpaDecode(DecodeAttention):

@@ -5,6 +5,7 @@
   matmul paid two casts; these stream the weight once for all rows, fp32 in and out.
 - ``paged_attention.c``: decode attention read in place from the KV pool, no gathered copy.
 - ``rms_norm.c``: RMSNorm (after a residual add) in one call instead of torch's seven ops.
+- ``rotary.c``: RoPE in one call instead of four ops.
 
 The library is compiled with the system's C compiler (``cc``, or ``$CC``) and ``-march=native``
 into the user's cache. Where that fails (no compiler, or a CPU without AVX-512 VNNI, which the
@@ -75,8 +76,9 @@ class CpuKernels:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.int4_matmul.argtypes = [p, i64, i64, p, p, p, i64, p, i32]
         lib.int8_matmul.argtypes = [p, i64, i64, p, p, i64, p, i32]
-        lib.paged_decode_attention.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, i32]
+        lib.paged_decode_attention.argtypes = [p, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, i32]
         lib.rms_norm.argtypes = [p, p, p, p, i64, i64, ctypes.c_float, p, i32]
+        lib.rotary.argtypes = [p, i64, i64, i64, i64, p, p, p]
         self._lib = lib
 
     def int4(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> Matmul:
@@ -110,22 +112,34 @@ class CpuKernels:
         return matmul
 
     def paged_decode_attention(
-        self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_slots: torch.Tensor, kv_lens: torch.Tensor
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out_slots: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        kv_slots: torch.Tensor,
+        kv_lens: torch.Tensor,
     ) -> torch.Tensor:
-        """``q``: [batch, heads, d] fp32; ``k_pool``, ``v_pool``: one layer's [slots, kv_heads, d]
-        fp32; ``kv_slots``: [batch, n] int64, of which row b's first ``kv_lens[b]`` are attended
+        """``q``: [batch, heads, d] fp32; ``k``, ``v``: [batch, kv_heads, d], first stored at
+        ``out_slots`` of ``k_pool``, ``v_pool`` (one layer's [slots, kv_heads, d], fp32, written in
+        place); ``kv_slots``: [batch, n] int64, of which row b's first ``kv_lens[b]`` are attended
         → [batch, heads * d]."""
         batch, heads, d = q.shape
-        q, kv_slots, kv_lens = q.contiguous(), kv_slots.contiguous(), kv_lens.contiguous()
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        out_slots, kv_slots, kv_lens = out_slots.contiguous(), kv_slots.contiguous(), kv_lens.contiguous()
+        if not out_slots.dtype == kv_slots.dtype == kv_lens.dtype == torch.int64:
+            raise ValueError("paged_decode_attention takes int64 slots and lengths")
         out = torch.empty(batch, heads * d)
         failed = self._lib.paged_decode_attention(
-            q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), kv_slots.data_ptr(), kv_slots.shape[1],
-            kv_lens.data_ptr(), batch, heads, k_pool.shape[1], d, d**-0.5, out.data_ptr(), torch.get_num_threads(),
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), out_slots.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(),
+            kv_slots.data_ptr(), kv_slots.shape[1], kv_lens.data_ptr(), batch, heads, k_pool.shape[1], d, d**-0.5,
+            out.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         if failed:
-            raise RuntimeError(
-                f"paged_decode_attention failed ({failed}): heads {heads}, KV heads {k_pool.shape[1]}, dim {d}"
-            )
+            shape = f"heads {heads}, KV heads {k_pool.shape[1]}, dim {d}"
+            raise RuntimeError(f"paged_decode_attention failed ({failed}): {shape}")
         return out
 
     def rms_norm(
@@ -142,6 +156,17 @@ class CpuKernels:
             x.data_ptr(), delta_ptr, sum_ptr, weight.data_ptr(), x.numel() // n, n, eps, out.data_ptr(), threads
         )
         return out, total
+
+
+    def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``x``: [tokens, heads, d] fp32, each token's heads contiguous; ``cos``, ``sin``: [tokens,
+        1, d] (``RotaryEmbedding.table``) → a contiguous [tokens, heads, d]."""
+        tokens, heads, d = x.shape
+        if x.stride(2) != 1 or x.stride(1) != d:
+            x = x.contiguous()
+        cos, sin, out = cos.contiguous(), sin.contiguous(), torch.empty(tokens, heads, d)
+        self._lib.rotary(x.data_ptr(), x.stride(0), tokens, heads, d, cos.data_ptr(), sin.data_ptr(), out.data_ptr())
+        return out
 
 
 @cache

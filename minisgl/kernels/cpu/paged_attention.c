@@ -1,4 +1,5 @@
-// Decode attention read in place from the paged KV pool (fp32), one query token per request.
+// Decode attention read in place from the paged KV pool (fp32), one query token per request,
+// after storing the new tokens' keys and values at their slots.
 //
 // The torch path gathers every request's K and V into a padded copy per layer, then runs SDPA: at
 // one request the gather, the views and the call cost ~60 us a layer, several times the
@@ -11,6 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define MAX_GROUP 16  // query heads per KV head
 
@@ -20,14 +22,19 @@ static inline float dot(const float *a, const float *b, int64_t d) {
     return _mm512_reduce_add_ps(acc);
 }
 
-// q: [batch, heads, d]; k_pool, v_pool: [slots, kv_heads, d] (one layer's);
-// kv_slots: [batch, stride] slot of each key, the first kv_lens[b] of each row attended;
-// out: [batch, heads, d]. d must be a multiple of 16.
-int paged_decode_attention(const float *q, const float *k_pool, const float *v_pool, const int64_t *kv_slots,
-                           int64_t stride, const int64_t *kv_lens, int64_t batch, int64_t heads, int64_t kv_heads,
-                           int64_t d, float scale, float *out, int threads) {
-    const int64_t group = heads / kv_heads;
+// q: [batch, heads, d]; k, v: [batch, kv_heads, d], stored at out_slots[b] of k_pool, v_pool:
+// [slots, kv_heads, d] (one layer's); kv_slots: [batch, stride] slot of each key, the first
+// kv_lens[b] of each row attended; out: [batch, heads, d]. d must be a multiple of 16.
+int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, float *k_pool,
+                           float *v_pool, const int64_t *kv_slots, int64_t stride, const int64_t *kv_lens,
+                           int64_t batch, int64_t heads, int64_t kv_heads, int64_t d, float scale, float *out,
+                           int threads) {
+    const int64_t group = heads / kv_heads, row = kv_heads * d;
     if (d % 16 || heads % kv_heads || group > MAX_GROUP) return 1;
+    for (int64_t b = 0; b < batch; b++) {
+        memcpy(k_pool + out_slots[b] * row, k + b * row, sizeof(float) * (size_t)row);
+        memcpy(v_pool + out_slots[b] * row, v + b * row, sizeof(float) * (size_t)row);
+    }
     int64_t longest = 0;
     for (int64_t b = 0; b < batch; b++) longest = kv_lens[b] > longest ? kv_lens[b] : longest;
     int failed = 0;
