@@ -2,12 +2,14 @@
 
 1. Measures the matmul peak and memory bandwidth (``benchmarks.hardware_peak``).
 2. Runs a prefill-heavy workload (distinct long prompts, 1 output token) and a decode-heavy one
-   (short prompts, many output tokens, 32 at a time) for each dtype, and reports achieved prefill
-   FLOP/s and decode bytes/s (weights + KV read per step) as a fraction of the ceilings.
+   (short prompts, many output tokens, 32 at a time) for each mode (dtype and quantization), and
+   reports achieved prefill FLOP/s and decode bytes/s (weights + KV read per step) as a fraction of
+   the ceilings. The weight bytes are those each ``Linear`` reads at that batch: its quantized
+   weight where the batch takes the kernel, its dense one past ``max_kernel_rows``.
 3. Profiles both workloads (torch.profiler) and prints the top operators.
-4. Greedy agreement of each dtype with the fp32 engine (token-exact with transformers) on a prompt set.
+4. Greedy agreement of each mode with the first (fp32 without quantization: token-exact with transformers).
 
-Run: python -m benchmarks.roofline [--dtypes float32 bfloat16] [--out docs/benchmarks/roofline.md]
+Run: python -m benchmarks.roofline [--modes float32/none float32/auto bfloat16/none] [--out docs/benchmarks/roofline.md]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.hardware_peak import measure
 from benchmarks.machine import load_average, machine_info
 from minisgl import LLM, SamplingParams
+from minisgl.layers.linear import Linear
 
 AGREEMENT_PROMPTS = [
     "The capital of France is",
@@ -38,6 +41,21 @@ def layer_params(llm: LLM) -> int:
     """Parameters every token multiplies through (all but the embedding and LM head)."""
     model = llm.scheduler.engine.model
     return sum(p.numel() for p in model.model.layers.parameters())
+
+
+def weight_bytes_per_step(llm: LLM, rows: int) -> int:
+    """Bytes of weights a forward pass of ``rows`` rows reads: each linear layer's quantized buffers
+    if it takes the kernel at that many rows, else its dense weight (the embedding is a lookup)."""
+    total = 0
+    for module in llm.scheduler.engine.model.modules():
+        if not isinstance(module, Linear):
+            continue
+        q = module.quantized
+        if q is not None and rows <= q.max_kernel_rows:
+            total += sum(b.numel() * b.element_size() for b in q.buffers())
+        else:
+            total += module.weight.numel() * module.weight.element_size()
+    return total
 
 
 def run_workload(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> dict[str, float]:
@@ -59,7 +77,7 @@ def profile_table(llm: LLM, prompts: list[list[int]], params: SamplingParams, ro
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--modes", nargs="+", default=["float32/none", "float32/auto", "bfloat16/none"], help="dtype/quantization")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/roofline.md"))
     args = parser.parse_args()
 
@@ -70,12 +88,13 @@ def main() -> None:
         f"memory read {peak['read_gbps']:.1f} GB/s\n"
     )
     g = torch.Generator().manual_seed(0)
-    lines.append("| dtype | prefill tok/s | prefill GFLOP/s | of matmul peak | decode tok/s (32 running) | decode GB/s | of bandwidth | greedy agreement with fp32 |")
+    lines.append("| dtype / quantization | prefill tok/s | prefill GFLOP/s | of matmul peak | decode tok/s (32 running) | decode GB/s | of bandwidth | greedy agreement with the first |")
     lines.append("|---|---|---|---|---|---|---|---|")
     reference: list[list[int]] = []
     profiles: list[str] = []
-    for dtype in args.dtypes:
-        llm = LLM(dtype=dtype, num_page_override=32768, cache_type="naive", max_running_req=32)
+    for mode in args.modes:
+        dtype, quantization = mode.split("/")
+        llm = LLM(dtype=dtype, quantization=quantization, num_page_override=32768, cache_type="naive", max_running_req=32)
         vocab, cfg = llm.scheduler.vocab_size, llm.scheduler.engine.model_config
         prefill_prompts = [torch.randint(100, vocab, (512,), generator=g).tolist() for _ in range(8)]
         decode_prompts = [torch.randint(100, vocab, (32,), generator=g).tolist() for _ in range(32)]
@@ -84,7 +103,7 @@ def main() -> None:
         itemsize = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
         flops = 2 * layer_params(llm) * pre["prefill_tokens"] + 2 * cfg.vocab_size * cfg.hidden_size * len(prefill_prompts)
         prefill_gflops = flops / pre["prefill_seconds"] / 1e9
-        weight_bytes = (layer_params(llm) + cfg.vocab_size * cfg.hidden_size) * itemsize
+        weight_bytes = weight_bytes_per_step(llm, rows=len(decode_prompts))
         kv_bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
         decode_bytes = weight_bytes * dec["decode_steps"] + kv_bytes_per_token * dec["decode_kv_tokens"]
         decode_gbps = decode_bytes / dec["decode_seconds"] / 1e9
@@ -95,12 +114,12 @@ def main() -> None:
             reference = texts
         agree = sum(a == b for a, b in zip(texts, reference))
         lines.append(
-            f"| {dtype} | {pre['prefill_tokens'] / pre['prefill_seconds']:.0f} | {prefill_gflops:.0f} | "
+            f"| {mode} | {pre['prefill_tokens'] / pre['prefill_seconds']:.0f} | {prefill_gflops:.0f} | "
             f"{prefill_gflops / peak[peak_key]:.0%} | {decode_tps:.0f} | {decode_gbps:.1f} | "
             f"{decode_gbps / peak['read_gbps']:.0%} | {agree}/{len(reference)} |"
         )
-        profiles.append(f"\n## Profile, {dtype}, prefill-heavy (8 x 512 tokens)\n\n```\n{profile_table(llm, prefill_prompts, SamplingParams(max_tokens=1))}\n```")
-        profiles.append(f"\n## Profile, {dtype}, decode-heavy (32 x 32 tokens -> 64)\n\n```\n{profile_table(llm, decode_prompts, SamplingParams(max_tokens=64, ignore_eos=True))}\n```")
+        profiles.append(f"\n## Profile, {mode}, prefill-heavy (8 x 512 tokens)\n\n```\n{profile_table(llm, prefill_prompts, SamplingParams(max_tokens=1))}\n```")
+        profiles.append(f"\n## Profile, {mode}, decode-heavy (32 x 32 tokens -> 64)\n\n```\n{profile_table(llm, decode_prompts, SamplingParams(max_tokens=64, ignore_eos=True))}\n```")
         llm.shutdown()
     lines.append(f"\nLoad average at end: {load_average()}\n")
     text = "\n".join(lines + profiles) + "\n"
