@@ -39,8 +39,23 @@ class Batch:
         return self.prefix_lens + self.extend_lens
 
 
+@dataclass(frozen=True)
+class PagedKV:
+    """A decode batch whose keys and values are read in place from the paged pool: what a model
+    that runs its whole decode step as one kernel call needs instead of ``attend``."""
+
+    k_pool: torch.Tensor  # [layers, slots, kv_heads, dim]
+    v_pool: torch.Tensor
+    out_slots: torch.Tensor  # [requests] the slot each new token's K/V goes to
+    kv_slots: torch.Tensor  # [requests, n] the slots of each request's keys ...
+    kv_lens: torch.Tensor  # [requests] ... of which the first kv_lens[b] are attended
+
+
 class AttentionContext(Protocol):
     """What a layer needs from the attention backend for the current batch."""
+
+    # Set where decode reads the pool in place (fp32 on the CPU with the C kernels), else None.
+    paged: PagedKV | None
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``q``: [tokens, heads, dim], ``k``/``v``: [tokens, kv_heads, dim] of the new tokens

@@ -17,6 +17,7 @@ from safetensors import safe_open
 
 from benchmarks.corpus import GUIDELINES
 from minisgl import LLM, SamplingParams
+from minisgl.batch import Batch
 from minisgl.config import EngineConfig
 from minisgl.kernels import native
 from minisgl.layers import quant
@@ -193,6 +194,55 @@ def test_auto_greedy_same_in_a_batch_as_alone(auto_llm: LLM) -> None:
     batch = [o["token_ids"] for o in auto_llm.generate(prompts, params, use_tqdm=False)]
     assert batch == alone
     auto_llm.scheduler.check_accounting()
+
+
+def test_fused_decode_step_matches_the_layer_by_layer_one(auto_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default model decodes through decode_layer.c in one call; the same steps through the
+    modules (the same kernels one by one, SiLU in torch) give the same greedy tokens, and logits
+    within 0.2% of the largest: SiLU's last bits differ, and the int4 kernels round their input to
+    15 bits, which can move such a difference to the next step (0.03% measured)."""
+    assert_fused_matches_layers(auto_llm, monkeypatch)
+
+
+def test_fused_decode_of_a_gqa_model_quantized_at_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    llm = LLM(str(build_tiny_model("llama", tmp_path / "llama")), quantization="int4", num_page_override=512)
+    try:
+        assert_fused_matches_layers(llm, monkeypatch)
+    finally:
+        llm.shutdown()
+
+
+def assert_fused_matches_layers(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = llm.scheduler.engine.model
+    if not c_kernels_expected():
+        assert model._fused_decoder is None
+        pytest.skip("no C kernels here")
+    assert model._fused_decoder is not None
+    prompts = [[5, 9, 200, 17, 33], [7, 7, 81, 4], [100, 3]]
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    engine = llm.scheduler.engine
+    run_model = engine.run_model
+    captured: dict[str, list[torch.Tensor]] = {"fused": [], "layers": []}
+    outputs = {}
+    for key in ("fused", "layers"):
+        if key == "layers":
+            monkeypatch.setitem(model.__dict__, "_fused_decoder", None)
+
+        def recording(batch: Batch, key: str = key) -> torch.Tensor:
+            logits = run_model(batch)
+            if not batch.is_prefill:
+                captured[key].append(logits.clone())
+            return logits
+
+        monkeypatch.setattr(engine, "run_model", recording)
+        llm.flush_cache()
+        outputs[key] = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert outputs["fused"] == outputs["layers"]
+    assert len(captured["fused"]) == len(captured["layers"]) > 0
+    for fused, layers in zip(captured["fused"], captured["layers"]):
+        assert torch.equal(fused.argmax(-1), layers.argmax(-1))
+        assert (fused - layers).abs().max() <= 2e-3 * layers.abs().max()
+    llm.scheduler.check_accounting()
 
 
 # -- bad input -----------------------------------------------------------------------------------

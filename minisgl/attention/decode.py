@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.attention.ops import attention_with_lse, key_bias
+from minisgl.batch import PagedKV
 from minisgl.kernels.native import CpuKernels
 from minisgl.kvcache.pool import KVPool
 
@@ -31,6 +32,8 @@ MIN_SHARED_PREFIX = 64
 class DecodeAttention:
     """Stores the new tokens' K/V, gathers each request's KV (``kv_slots``, padding masked by
     ``bias``), then ``compute``s one query per request over it."""
+
+    paged: PagedKV | None = None
 
     def __init__(self, pool: KVPool, out_slots: torch.Tensor, kv_slots: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.pool, self.out_slots, self.kv_slots, self.bias = pool, out_slots, kv_slots, bias
@@ -59,6 +62,7 @@ class PagedDecode(DecodeAttention):
     ) -> None:
         super().__init__(pool, out_slots, kv_slots, None)
         self.kv_lens, self.kernels = kv_lens, kernels
+        self.paged = PagedKV(pool.k, pool.v, out_slots, kv_slots, kv_lens)
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_pool, v_pool = self.pool.k[layer_id], self.pool.v[layer_id]  # the new K/V are stored by the same call

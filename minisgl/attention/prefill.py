@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.attention.ops import sdpa
+from minisgl.batch import PagedKV
 from minisgl.kvcache.pool import KVPool
 
 # Prefix-extending prefills are padded to a common shape per call; a bucket may cost at most this
@@ -116,6 +117,8 @@ def padding_buckets(new_lens: list[int], kv_lens: list[int]) -> list[list[int]]:
 class PrefillAttention:
     """A prefill pass: every part writes its tokens' rows of one output."""
 
+    paged: PagedKV | None = None
+
     def __init__(self, pool: KVPool, out_slots: torch.Tensor, parts: list[PrefillPart]) -> None:
         self.pool, self.out_slots, self.parts = pool, out_slots, parts
 
@@ -129,6 +132,8 @@ class PrefillAttention:
 
 class SingleFreshPrefill:
     """The whole pass is one request with nothing cached: one causal call, no output copy."""
+
+    paged: PagedKV | None = None
 
     def __init__(self, pool: KVPool, out_slots: torch.Tensor) -> None:
         self.pool, self.out_slots = pool, out_slots

@@ -29,13 +29,15 @@ from minisgl.attention.prefill import (
     first_key,
     padding_buckets,
 )
-from minisgl.batch import AttentionContext, Batch
+from minisgl.batch import AttentionContext, Batch, PagedKV
 from minisgl.kernels.native import CpuKernels, cpu_kernels
 
 
 class PerLayerWindow:
     """A model whose layers attend within different windows: each layer's call goes to the context
     built for its window."""
+
+    paged: PagedKV | None = None
 
     def __init__(self, contexts: list[AttentionContext]) -> None:
         self.contexts = contexts  # one per layer

@@ -9,6 +9,7 @@ attention backend applies (``ModelConfig.layer_windows``).
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,11 +17,13 @@ from torch import nn
 
 from minisgl.batch import AttentionContext
 from minisgl.distributed.sharding import HeadShard, even_range, shard_heads
+from minisgl.kernels.native import FusedDecoder, LayerWeights, cpu_kernels
 from minisgl.layers.embedding import VocabEmbedding
 from minisgl.layers.linear import Linear, column, row
 from minisgl.layers.mlp import GatedMLP
 from minisgl.layers.moe import SparseMoE
 from minisgl.layers.norm import RMSNorm
+from minisgl.layers.quant import Int4Weight
 from minisgl.layers.rotary import Rope, RotaryEmbedding, apply_rotary
 from minisgl.models.config import ModelConfig
 
@@ -101,6 +104,29 @@ class DecoderLayer(nn.Module):
         h, residual = self.post_attention_layernorm.add_forward(self.self_attn(h, rope, ctx), residual)
         return self.mlp(h), residual
 
+    def fused_weights(self) -> LayerWeights | None:
+        """This layer for ``decode_layer.c``, if it is the plain kind it runs: a dense MLP, no
+        Q/K norm, no bias, no sharding, every projection int4, fp32 norms."""
+        attn, mlp = self.self_attn, self.mlp
+        if not isinstance(mlp, GatedMLP) or attn.q_norm is not None:
+            return None
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        weights = [m.quantized for m in linears]
+        if any(m.bias is not None or m.partition is not None for m in linears):
+            return None
+        norms = (self.input_layernorm, self.post_attention_layernorm)
+        if norms[0].eps != norms[1].eps or any(n.weight.dtype != torch.float32 or not n.weight.is_cpu for n in norms):
+            return None
+        int4 = [(w.codes, w.scale, w.minimum) for w in weights if isinstance(w, Int4Weight)]
+        if len(int4) != len(linears):
+            return None
+        down = weights[3]
+        assert down is not None
+        return LayerWeights(
+            down.out_features, attn.num_heads, attn.num_kv_heads, attn.head_dim, down.in_features, norms[0].eps,
+            norms[0].weight.detach(), norms[1].weight.detach(), *int4,
+        )  # fmt: skip
+
 
 def vocab_range(cfg: ModelConfig, tp: TPGroup) -> tuple[int, int]:
     return even_range(cfg.vocab_size, tp.size, tp.rank)
@@ -135,14 +161,32 @@ class DecoderForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    @cached_property
+    def _fused_decoder(self) -> FusedDecoder | None:
+        """The decode step as one C call, where every layer can run in ``decode_layer.c``: decided
+        at the first forward pass, once the loader has installed the quantized weights."""
+        kernels = cpu_kernels()
+        if kernels is None or self.tp is not None:
+            return None
+        layers = [layer.fused_weights() for layer in self.model.layers]
+        if any(w is None for w in layers):
+            return None
+        return kernels.fused_decoder([w for w in layers if w is not None])
+
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, logit_rows: torch.Tensor
     ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         rope = self.model.rotary.table(positions, x.dtype)
-        residual = None
-        for layer in self.model.layers:
-            x, residual = layer(x, residual, rope, ctx)
+        fused, paged = self._fused_decoder, ctx.paged
+        if fused is not None and paged is not None and x.dtype == torch.float32 and len(x) <= Int4Weight.max_kernel_rows:
+            # The same layers in one C call (decode_layer.c): at one request the Python and small
+            # ops between the kernels were a third of the step.
+            x, residual = fused.run(x, *rope, paged.k_pool, paged.v_pool, paged.out_slots, paged.kv_slots, paged.kv_lens)
+        else:
+            residual = None
+            for layer in self.model.layers:
+                x, residual = layer(x, residual, rope, ctx)
         # The final norm and LM head are per row: compute them only where a token is sampled.
         assert residual is not None, "a model has at least one layer"
         logits = self.lm_head(self.model.norm.add_forward(x[logit_rows], residual[logit_rows])[0])

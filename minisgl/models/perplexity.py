@@ -11,6 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from minisgl.batch import PagedKV
 from minisgl.models.decoder import DecoderForCausalLM
 
 CHUNK_TOKENS = 16
@@ -18,6 +19,8 @@ CHUNK_TOKENS = 16
 
 class _SequenceContext:
     """The ``AttentionContext`` of one sequence: K/V kept per layer, causal over the whole prefix."""
+
+    paged: PagedKV | None = None
 
     def __init__(self) -> None:
         self.k: dict[int, torch.Tensor] = {}

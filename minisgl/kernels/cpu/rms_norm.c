@@ -7,6 +7,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels.h"
+
 void rms_norm(const float *x, const float *delta, float *sum_out, const float *weight, int64_t rows, int64_t n,
               float eps, float *out, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 16)

@@ -7,6 +7,8 @@
 
 #include <stdint.h>
 
+#include "kernels.h"
+
 void rotary(const float *x, int64_t stride, int64_t tokens, int64_t heads, int64_t d, const float *cos,
             const float *sin, float *out) {
     const int64_t half = d / 2;

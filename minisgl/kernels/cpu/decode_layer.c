@@ -1,0 +1,103 @@
+// One decoder layer's decode step in one call: the other kernels chained, with nothing between
+// them. Through Python the same chain is ~15 calls and ~25 small torch ops a layer, about a third
+// of a step at one request on 2 cores.
+//
+// The layer is the plain Llama one (minisgl/models/decoder.py): RMSNorm, fused QKV (int4), RoPE,
+// paged attention (which stores the new K/V), output projection (int4), residual add and
+// RMSNorm, fused gate/up (int4), SiLU(gate) * up, down projection (int4). Each row is one request's
+// new token.
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+
+typedef struct {
+    const uint8_t *codes;
+    const uint16_t *scale, *minimum;
+} Int4;
+
+// What one layer is: its shapes and weights (built once).
+typedef struct {
+    int64_t layer, hidden, heads, kv_heads, head_dim, intermediate;
+    float eps;
+    const float *input_norm, *post_norm;  // [hidden]
+    Int4 qkv, o, gate_up, down;
+} Layer;
+
+// What one decode step is, the same for every layer.
+typedef struct {
+    int64_t batch;
+    float *k_pool, *v_pool;                // all layers' [layers, slots, kv_heads, head_dim]
+    int64_t pool_layer_stride;             // floats per layer of the pools
+    const int64_t *out_slots, *kv_slots, *kv_lens;
+    int64_t kv_stride;                     // entries per row of kv_slots
+    const float *cos, *sin;                // [batch, head_dim], sin's first half negated
+    float *scratch;                        // decode_layer_scratch() floats
+    int threads;
+} Step;
+
+int64_t decode_layer_scratch(int64_t batch, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                             int64_t intermediate) {
+    const int64_t qkv = (heads + 2 * kv_heads) * head_dim, qk = (heads + kv_heads) * head_dim;
+    return batch * (2 * hidden + qkv + qk + 2 * heads * head_dim + 2 * kv_heads * head_dim + 3 * intermediate);
+}
+
+// delta: [batch, hidden], added to the residual stream `residual` (in place) unless `first`,
+// where delta is the stream itself (copied in); out: [batch, hidden], the MLP's output, which
+// the next layer adds. Returns nonzero if attention refused its shapes.
+int decode_layer(const Layer *l, const Step *s, const float *delta, int first, float *residual, float *out) {
+    const int64_t b = s->batch, d = l->head_dim, qk_heads = l->heads + l->kv_heads;
+    const int64_t qkv_width = (qk_heads + l->kv_heads) * d, kv_width = l->kv_heads * d, q_width = l->heads * d;
+    float *h = s->scratch, *qkv = h + b * l->hidden, *qk = qkv + b * qkv_width, *q = qk + b * qk_heads * d;
+    float *k = q + b * q_width, *v = k + b * kv_width, *attn = v + b * kv_width, *o = attn + b * q_width;
+    float *gate_up = o + b * l->hidden, *act = gate_up + 2 * b * l->intermediate;
+    float *k_pool = s->k_pool + l->layer * s->pool_layer_stride, *v_pool = s->v_pool + l->layer * s->pool_layer_stride;
+
+    if (first) {
+        memcpy(residual, delta, sizeof(float) * (size_t)(b * l->hidden));
+        rms_norm(residual, 0, 0, l->input_norm, b, l->hidden, l->eps, h, s->threads);
+    } else {
+        rms_norm(residual, delta, residual, l->input_norm, b, l->hidden, l->eps, h, s->threads);
+    }
+    int4_matmul(h, b, l->hidden, l->qkv.codes, l->qkv.scale, l->qkv.minimum, qkv_width, qkv, s->threads);
+    rotary(qkv, qkv_width, b, qk_heads, d, s->cos, s->sin, qk);
+    for (int64_t r = 0; r < b; r++) {  // attention takes Q, K and V contiguous per request
+        memcpy(q + r * q_width, qk + r * qk_heads * d, sizeof(float) * (size_t)q_width);
+        memcpy(k + r * kv_width, qk + r * qk_heads * d + q_width, sizeof(float) * (size_t)kv_width);
+        memcpy(v + r * kv_width, qkv + r * qkv_width + qk_heads * d, sizeof(float) * (size_t)kv_width);
+    }
+    const int failed = paged_decode_attention(q, k, v, s->out_slots, k_pool, v_pool, s->kv_slots, s->kv_stride,
+                                              s->kv_lens, b, l->heads, l->kv_heads, d, 1.0f / sqrtf((float)d), attn,
+                                              s->threads);
+    if (failed) return failed;
+    int4_matmul(attn, b, q_width, l->o.codes, l->o.scale, l->o.minimum, l->hidden, o, s->threads);
+    rms_norm(residual, o, residual, l->post_norm, b, l->hidden, l->eps, h, s->threads);
+    int4_matmul(h, b, l->hidden, l->gate_up.codes, l->gate_up.scale, l->gate_up.minimum, 2 * l->intermediate, gate_up,
+                s->threads);
+    const int64_t n = l->intermediate;
+    for (int64_t r = 0; r < b; r++)
+        for (int64_t i = 0; i < n; i++) {
+            const float g = gate_up[r * 2 * n + i];
+            act[r * n + i] = g / (1.0f + expf(-g)) * gate_up[r * 2 * n + n + i];
+        }
+    int4_matmul(act, b, n, l->down.codes, l->down.scale, l->down.minimum, l->hidden, out, s->threads);
+    return 0;
+}
+
+// All `count` layers in turn: x [batch, hidden] is the embedded input; out receives the last
+// layer's MLP output and residual the stream before it (their sum is the final hidden state).
+// `buffer` holds [batch, hidden] for the outputs between layers.
+int decode_layers(const Layer *layers, int64_t count, const Step *s, const float *x, float *residual, float *out,
+                  float *buffer) {
+    const float *delta = x;
+    for (int64_t i = 0; i < count; i++) {
+        // Alternate the output between `out` and `buffer` so that the last one lands in `out`.
+        float *target = (count - 1 - i) % 2 == 0 ? out : buffer;
+        const int failed = decode_layer(&layers[i], s, delta, i == 0, residual, target);
+        if (failed) return failed;
+        delta = target;
+    }
+    return 0;
+}
