@@ -11,7 +11,7 @@
 
 The library is compiled with the system's C compiler (``cc``, or ``$CC``) and ``-march=native``
 into the user's cache. Where that fails (no compiler, or a CPU without AVX-512 VNNI, which the
-source requires), ``quant_kernels()`` returns None and the callers keep torch's kernels; the log
+source requires), ``cpu_kernels()`` returns None and the callers keep torch's kernels; the log
 says why.
 """
 
@@ -33,7 +33,8 @@ import torch
 
 logger = logging.getLogger("minisgl.kernels")
 
-SOURCES = sorted((Path(__file__).parent / "cpu").glob("*.c"))
+SOURCE_DIR = Path(__file__).parent / "cpu"
+SOURCES = sorted(SOURCE_DIR.glob("*.c"))
 
 
 def _cache_dir() -> Path:
@@ -47,7 +48,8 @@ def _build() -> Path:
     if compiler is None:
         raise OSError("no C compiler (cc, gcc or $CC)")
     flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
-    key = hashlib.sha256("\n".join([*(s.read_text() for s in SOURCES), compiler, *flags]).encode()).hexdigest()[:16]
+    texts = [f.read_text() for f in sorted(SOURCE_DIR.glob("*.[ch]"))]  # the header too
+    key = hashlib.sha256("\n".join([*texts, compiler, *flags]).encode()).hexdigest()[:16]
     target = _cache_dir() / f"cpu_kernels-{key}.so"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
