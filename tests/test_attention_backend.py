@@ -56,6 +56,14 @@ def hand_built_batch(table: torch.Tensor, prefix_lens: list[int], extend_lens: l
     )
 
 
+def choose_kernels(c_kernels: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode with the C kernels (skipped where they do not build), or with torch's strategies."""
+    if not c_kernels:
+        monkeypatch.setattr(torch_backend, "cpu_kernels", lambda: None)
+    elif cpu_kernels() is None:
+        pytest.skip("the C kernels do not build here")
+
+
 # (layout of shared KV runs, dtype, C kernels built) → the decode strategy the backend must choose.
 @pytest.mark.parametrize(
     "layout, dtype, c_kernels, strategy",
@@ -74,10 +82,7 @@ def hand_built_batch(table: torch.Tensor, prefix_lens: list[int], extend_lens: l
 def test_decode_strategies_match_reference(
     layout: str, dtype: torch.dtype, c_kernels: bool, strategy: type, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not c_kernels:
-        monkeypatch.setattr(torch_backend, "cpu_kernels", lambda: None)
-    elif cpu_kernels() is None:
-        pytest.skip("the C kernels do not build here")
+    choose_kernels(c_kernels, monkeypatch)
     g = torch.Generator().manual_seed(0)
     pool = random_pool(dtype, g)
     table = torch.zeros(8, 512, dtype=torch.int64)
@@ -174,10 +179,7 @@ WINDOW = 120
 def test_windowed_decode_reads_the_last_window_keys_and_no_shared_run(
     dtype: torch.dtype, c_kernels: bool, strategy: type, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not c_kernels:
-        monkeypatch.setattr(torch_backend, "cpu_kernels", lambda: None)
-    elif cpu_kernels() is None:
-        pytest.skip("the C kernels do not build here")
+    choose_kernels(c_kernels, monkeypatch)
     g = torch.Generator().manual_seed(2)
     pool = random_pool(dtype, g)
     lens = [230, 201, 90, 300]

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minisgl.layers import norm, rotary
+from minisgl.layers import norm
 from minisgl.layers.linear import Linear, linear, pack_weights
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding, apply_rotary
@@ -55,11 +55,16 @@ def test_rms_norm_and_its_residual_add_match_hugging_face(rows: int, monkeypatch
         torch.testing.assert_close(normed, reference(x + delta), rtol=1e-6, atol=1e-6)
 
 
-def test_rotary_on_a_fused_qkv_view_is_the_same_bits_on_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rotary_as_a_roll_is_hugging_face_rotate_half_bit_for_bit() -> None:
+    """Q and K rotated together, on the strided view of the fused QKV output the decoder passes."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
     rotary_embedding = RotaryEmbedding(64, 512, 10000.0, None)
     qkv = torch.randn(5, 15 * 64)
-    rope = rotary_embedding.table(torch.tensor([0, 3, 100, 200, 511]), torch.float32)
-    qk = qkv[:, : 12 * 64].view(5, 12, 64)  # strided across tokens, as the decoder passes it
-    with_kernels = apply_rotary(qk, rope)
-    monkeypatch.setattr(rotary, "cpu_kernels", lambda: None)
-    assert torch.equal(with_kernels, apply_rotary(qk, rope))
+    positions = torch.tensor([0, 3, 100, 200, 511])
+    rope = rotary_embedding.table(positions, torch.float32)
+    qk = qkv[:, : 12 * 64].view(5, 12, 64)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 64, 2, dtype=torch.int64).float() / 64))
+    freqs = torch.outer(positions.float(), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)
+    assert torch.equal(apply_rotary(qk, rope), qk * emb.cos() + rotate_half(qk) * emb.sin())

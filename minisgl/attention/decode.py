@@ -55,18 +55,17 @@ class DecodeAttention:
 
 
 class PagedDecode(DecodeAttention):
-    """``kv_slots``' row b holds request b's keys in its first ``kv_lens[b]`` entries."""
+    """Row b of ``paged.kv_slots`` holds request b's keys in its first ``paged.kv_lens[b]`` entries."""
 
-    def __init__(
-        self, pool: KVPool, out_slots: torch.Tensor, kv_slots: torch.Tensor, kv_lens: torch.Tensor, kernels: CpuKernels
-    ) -> None:
-        super().__init__(pool, out_slots, kv_slots, None)
-        self.kv_lens, self.kernels = kv_lens, kernels
-        self.paged = PagedKV(pool.k, pool.v, out_slots, kv_slots, kv_lens)
+    def __init__(self, pool: KVPool, paged: PagedKV, kernels: CpuKernels) -> None:
+        super().__init__(pool, paged.out_slots, paged.kv_slots, None)
+        self.paged, self.kernels = paged, kernels
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        k_pool, v_pool = self.pool.k[layer_id], self.pool.v[layer_id]  # the new K/V are stored by the same call
-        return self.kernels.paged_decode_attention(q, k, v, self.out_slots, k_pool, v_pool, self.kv_slots, self.kv_lens)
+        p = self.paged  # the new K/V are stored by the same call
+        return self.kernels.paged_decode_attention(
+            q, k, v, p.out_slots, p.k_pool[layer_id], p.v_pool[layer_id], p.kv_slots, p.kv_lens
+        )
 
 
 class SdpaDecode(DecodeAttention):

@@ -110,12 +110,13 @@ class TorchAttentionBackend(AttentionBackend):
         own_lens = kv_lens - starts
         max_len = int(own_lens.max())
         positions = torch.arange(max_len, device=device).unsqueeze(0)
-        valid = positions < own_lens.unsqueeze(1)
-        # Entries past a request's length are stale but valid slot ids: read, then masked out.
+        # Entries past a request's length are stale but valid slot ids: read, then masked out
+        # (or, read in place, never reached).
         gather_at = (starts.unsqueeze(1) + positions).clamp(max=slot_rows.shape[1] - 1)
         kv_slots = torch.gather(slot_rows, 1, gather_at).contiguous()
         if paged is not None:
-            return PagedDecode(self.pool, batch.out_slots, kv_slots, own_lens, paged)
+            return PagedDecode(self.pool, PagedKV(self.pool.k, self.pool.v, batch.out_slots, kv_slots, own_lens), paged)
+        valid = positions < own_lens.unsqueeze(1)
         dtype = self.pool.k.dtype
         bias = None if bool(valid.all()) else key_bias(valid, dtype).view(batch.num_reqs, 1, 1, max_len)
         if not groups:

@@ -1,11 +1,12 @@
 """The engine's C kernels (``cpu/*.c``), built for this machine on first use and called via ctypes.
 
-- ``quant_gemm.c``: int4/int8 weight-only products. torch's CPU kernels for them read ~14 GB/s of
-  weights in a decode step on a 2-core AVX-512 machine, and take bf16 activations, so every decode
-  matmul paid two casts; these stream the weight once for all rows, fp32 in and out.
+- ``quant_gemm.c``: int4/int8 weight-only products, fp32 in and out. torch's CPU kernels for them
+  take bf16 activations (two casts a product, and 3e-3 relative error against these ~1e-4); at one
+  row its int4 product is about as fast as this one, its int8 one 2-3x slower (SmolLM2's LM head:
+  2.2 ms against 0.6-1.1 ms, 2-core AVX-512 machine).
 - ``paged_attention.c``: decode attention read in place from the KV pool, no gathered copy.
 - ``rms_norm.c``: RMSNorm (after a residual add) in one call instead of torch's seven ops.
-- ``rotary.c``: RoPE in one call instead of four ops.
+- ``rotary.c``: RoPE, with torch's roundings, for ``decode_layer.c``.
 - ``decode_layer.c``: a whole decode step through int4 Llama layers, the kernels above chained in C
   (``FusedDecoder``): at one request the Python between them was a third of the step.
 
@@ -125,7 +126,6 @@ class CpuKernels:
         lib.int8_matmul.argtypes = [p, i64, i64, p, p, i64, p, i32]
         lib.paged_decode_attention.argtypes = [p, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, i32]
         lib.rms_norm.argtypes = [p, p, p, p, i64, i64, ctypes.c_float, p, i32]
-        lib.rotary.argtypes = [p, i64, i64, i64, i64, p, p, p]
         lib.decode_layer_scratch.argtypes = [i64] * 6
         lib.decode_layer_scratch.restype = i64
         lib.decode_layers.argtypes = [p, i64, p, p, p, p, p]
@@ -135,31 +135,11 @@ class CpuKernels:
         """``codes``: [N, K / 2] uint8 in the C layout (``Int4Weight.from_codes``); ``scale``,
         ``minimum``: [N, K / 32] fp16; w = code * scale + minimum. The product takes [rows, K] fp32
         and gives [rows, N] fp32."""
-        n, k = codes.shape[0], codes.shape[1] * 2
-        run, weight = self._lib.int4_matmul, (codes.data_ptr(), scale.data_ptr(), minimum.data_ptr())
-        keep = (codes, scale, minimum)  # the pointers stay valid while the product lives
-
-        def matmul(x: torch.Tensor, keep: tuple[torch.Tensor, ...] = keep) -> torch.Tensor:
-            x = x.contiguous()
-            y = torch.empty(x.shape[0], n)
-            run(x.data_ptr(), x.shape[0], k, *weight, n, y.data_ptr(), torch.get_num_threads())
-            return y
-
-        return matmul
+        return _bind(self._lib.int4_matmul, codes.shape[0], codes.shape[1] * 2, (codes, scale, minimum))
 
     def int8(self, codes: torch.Tensor, scale: torch.Tensor) -> Matmul:
         """``codes``: [N, K] int8; ``scale``: [N] fp32; w = code * scale row by row."""
-        n, k = codes.shape
-        run, weight = self._lib.int8_matmul, (codes.data_ptr(), scale.data_ptr())
-        keep = (codes, scale)
-
-        def matmul(x: torch.Tensor, keep: tuple[torch.Tensor, ...] = keep) -> torch.Tensor:
-            x = x.contiguous()
-            y = torch.empty(x.shape[0], n)
-            run(x.data_ptr(), x.shape[0], k, *weight, n, y.data_ptr(), torch.get_num_threads())
-            return y
-
-        return matmul
+        return _bind(self._lib.int8_matmul, codes.shape[0], codes.shape[1], (codes, scale))
 
     def paged_decode_attention(
         self,
@@ -207,19 +187,22 @@ class CpuKernels:
         )
         return out, total
 
-
     def fused_decoder(self, layers: list[LayerWeights]) -> FusedDecoder:
         return FusedDecoder(self._lib, layers)
 
-    def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """``x``: [tokens, heads, d] fp32, each token's heads contiguous; ``cos``, ``sin``: [tokens,
-        1, d] (``RotaryEmbedding.table``) → a contiguous [tokens, heads, d]."""
-        tokens, heads, d = x.shape
-        if x.stride(2) != 1 or x.stride(1) != d:
-            x = x.contiguous()
-        cos, sin, out = cos.contiguous(), sin.contiguous(), torch.empty(tokens, heads, d)
-        self._lib.rotary(x.data_ptr(), x.stride(0), tokens, heads, d, cos.data_ptr(), sin.data_ptr(), out.data_ptr())
-        return out
+
+def _bind(run: Callable[..., object], n: int, k: int, weight: tuple[torch.Tensor, ...]) -> Matmul:
+    """x [rows, k] → [rows, n] through ``run(x, rows, k, *weight, n, y, threads)``, the weight's
+    pointers taken once (the closure keeps the tensors, so the pointers stay valid)."""
+    pointers = tuple(t.data_ptr() for t in weight)
+
+    def matmul(x: torch.Tensor, keep: tuple[torch.Tensor, ...] = weight) -> torch.Tensor:
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], n)
+        run(x.data_ptr(), x.shape[0], k, *pointers, n, y.data_ptr(), torch.get_num_threads())
+        return y
+
+    return matmul
 
 
 class FusedDecoder:

@@ -8,8 +8,8 @@ from minisgl.kernels.native import CpuKernels, cpu_kernels
 
 class RMSNorm(nn.Module):
     """RMSNorm computed in float32 and cast back, with Hugging Face's order of operations. fp32 on
-    the CPU runs one C call (torch's ``rms_norm`` is seven ops, ~14 us at one row, and a decode
-    step runs 61 norms); other dtypes round to their own before the weight, as Hugging Face does.
+    the CPU runs one C call (torch's ``rms_norm`` is seven ops: 17 us against 7 us at one row, and a
+    decode step runs 61 norms); other dtypes round to their own before the weight, as Hugging Face does.
 
     ``add_forward`` also adds the residual first: the decoder's x + sublayer(x) followed by the
     next norm, in one call."""

@@ -9,8 +9,9 @@ weight (with its group scales) against fp32's 4. Two formats:
 
 ``minisgl/kernels/cpu/quant_gemm.c`` multiplies them with fp32 rows (integer dot products with
 AVX-512 VNNI, as llama.cpp does). Where it cannot be built, torch's own CPU kernels run instead
-(``aten._weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm``: bf16 activations, about 1.5-2x
-slower), their packed copies made on first use. Both only pay off for a few rows: beyond
+(``aten._weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm``: bf16 activations and two casts a
+product; at one row the int4 one is about as fast, the int8 one 2-3x slower), their packed copies
+made on first use. Both only pay off for a few rows: beyond
 ``max_kernel_rows`` (prefill, large decode batches) ``Linear`` runs its dense weight, which it
 keeps for that.
 Off the CPU the loader keeps dense dequantized weights instead (``dequantize``).

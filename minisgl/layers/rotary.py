@@ -6,8 +6,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from minisgl.kernels.native import cpu_kernels
-
 # (cos, signed sin) for a batch's positions, [tokens, 1, head_dim]: the sin's first half negated,
 # so that rotate-half is a roll (``apply_rotary``).
 Rope = tuple[torch.Tensor, torch.Tensor]
@@ -59,7 +57,4 @@ def apply_rotary(x: torch.Tensor, rope: Rope) -> torch.Tensor:
     (-x2, x1): the roll gives (x2, x1) and the signed sin the minus, the same products bit for bit
     in four ops instead of six per tensor."""
     cos, signed_sin = rope
-    kernels = cpu_kernels() if x.dtype == torch.float32 and x.is_cpu and cos.dtype == torch.float32 else None
-    if kernels is not None:  # one call instead of four ops, the same roundings
-        return kernels.rotary(x, cos, signed_sin)
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin

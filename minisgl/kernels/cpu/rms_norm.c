@@ -1,5 +1,5 @@
 // RMSNorm of fp32 rows, optionally after adding a residual: one call where torch's composite
-// runs seven ops (~14 us at one row against ~3 us here; a decode step runs 61 norms).
+// runs seven ops (through the module at one row, 17 us against 7 us here; a decode step runs 61 norms).
 //
 // With `delta` non-null: sum = x + delta is written to `sum_out`, then normalised. The arithmetic
 // is Hugging Face's order: x * (1 / sqrt(mean(x^2) + eps)), times the weight.

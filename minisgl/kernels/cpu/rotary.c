@@ -1,6 +1,6 @@
-// Rotate-half RoPE of fp32 heads in one call (torch's roll, two products and a sum are four ops
-// and two temporaries per call, twice a layer). The products and the sum are rounded one by one,
-// as torch's are: the source is built without contraction into fused multiply-adds (ISO C mode).
+// Rotate-half RoPE of fp32 heads, for decode_layer.c: x * cos + rotate_half(x) * sin as
+// minisgl/layers/rotary.py computes it, each product and the sum rounded on its own (the source is
+// built in ISO C mode, which does not contract them into fused multiply-adds).
 //
 // x: [tokens, heads, d] with `stride` floats between tokens (a view into the fused QKV output);
 // cos, sin: [tokens, d], sin with its first half negated; out: [tokens, heads, d] contiguous.
