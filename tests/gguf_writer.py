@@ -3,7 +3,7 @@ lays it out, with the ``gguf`` package's writer and its own tensor-name map (not
 metadata keys its ``TextModel`` writes, llama's Q/K row permutation (llama only), MoE experts
 stacked into one [experts, out, in] tensor per projection, a byte-level BPE tokenizer with its
 pre-tokenizer name, padded to the embedding's rows with ``[PAD{i}]`` tokens. All data F32, so the
-converted model can be compared token for token."""
+converted model can be compared token for token, unless a quantization type is asked for."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import gguf
+import gguf.quants
 import numpy as np
 from safetensors.numpy import load_file
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -102,10 +103,17 @@ def _tensors(arch: str, cfg: dict, weights: dict[str, np.ndarray]) -> Iterable[t
 
 
 def write_gguf(
-    folder: Path, path: Path, pre: str, metadata: dict[str, int | float] | None = None, drop: tuple[str, ...] = ()
+    folder: Path,
+    path: Path,
+    pre: str,
+    metadata: dict[str, int | float] | None = None,
+    drop: tuple[str, ...] = (),
+    qtype: gguf.GGMLQuantizationType | None = None,
 ) -> Path:
     """``folder`` (a tiny model saved with a BPE tokenizer) as the GGUF file ``path``; ``metadata``
-    overrides keys, ``drop`` leaves GGUF tensors out (both to test files that do not fit)."""
+    overrides keys, ``drop`` leaves GGUF tensors out (both to test files that do not fit); ``qtype``
+    quantizes every matrix whose rows fill its blocks (with the ``gguf`` package's quantizer), as
+    llama.cpp's quantizer does, the rest staying F32."""
     cfg = json.loads((folder / "config.json").read_text())
     arch = GGUF_ARCH[cfg["architectures"][0]]
     names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), cfg["num_hidden_layers"])
@@ -137,8 +145,13 @@ def write_gguf(
         if mapped is None:
             raise KeyError(f"llama.cpp's {arch} layout has no tensor for {hf_name}")
         gguf_name = f"{mapped}.{suffix}"
-        if gguf_name not in drop:
-            writer.add_tensor(gguf_name, np.ascontiguousarray(w, dtype=np.float32))
+        if gguf_name in drop:
+            continue
+        w = np.ascontiguousarray(w, dtype=np.float32)
+        if qtype is not None and w.ndim >= 2 and w.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0:
+            writer.add_tensor(gguf_name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(gguf_name, w)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -18,7 +18,7 @@ from minisgl.attention.decode import (
 from minisgl.attention.prefill import CachedPrefill, FreshPrefill, PrefillAttention, SingleFreshPrefill, padding_buckets
 from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.attention.torch_backend import PerLayerWindow
-from minisgl.batch import Batch
+from minisgl.batch import AttentionKind, Batch
 from minisgl.kernels.native import cpu_kernels
 from minisgl.kvcache.pool import KVPool
 
@@ -40,12 +40,14 @@ def random_pool(dtype: torch.dtype, g: torch.Generator, layers: int = 1) -> KVPo
     return pool
 
 
-def hand_built_batch(table: torch.Tensor, prefix_lens: list[int], extend_lens: list[int], is_prefill: bool) -> Batch:
+def hand_built_batch(
+    table: torch.Tensor, prefix_lens: list[int], extend_lens: list[int], attention: AttentionKind
+) -> Batch:
     """Request i uses page-table row i: ``extend_lens[i]`` new tokens after ``prefix_lens[i]`` in the pool."""
     positions = torch.cat([torch.arange(p, p + n) for p, n in zip(prefix_lens, extend_lens)])
     token_rows = torch.repeat_interleave(torch.arange(len(extend_lens)), torch.tensor(extend_lens))
     return Batch(
-        is_prefill=is_prefill,
+        attention=attention,
         input_ids=torch.zeros(len(positions), dtype=torch.int64),
         positions=positions,
         out_slots=table[token_rows, positions],
@@ -97,7 +99,7 @@ def test_decode_strategies_match_reference(
         used += len(own)
         table[row, :n] = torch.cat([shared, own])
     backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM)
-    batch = hand_built_batch(table, [n - 1 for n in lens], [1] * len(lens), is_prefill=False)
+    batch = hand_built_batch(table, [n - 1 for n in lens], [1] * len(lens), AttentionKind.DECODE)
     ctx = backend.prepare(batch)
     assert type(ctx) is strategy
     q, new_k, new_v = (torch.randn(len(lens), h, DIM, generator=g).to(dtype) for h in (HEADS, KV_HEADS, KV_HEADS))
@@ -110,6 +112,46 @@ def test_decode_strategies_match_reference(
         torch.testing.assert_close(out[i].float(), expected, rtol=tol, atol=tol)
     # The new token's K/V was written in place at its slot.
     torch.testing.assert_close(pool.k[0][batch.out_slots], new_k)
+
+
+@pytest.mark.parametrize("c_kernels, strategy", [(True, PagedDecode), (False, SdpaDecode)])
+def test_decode_with_fp32_queries_reads_a_bf16_pool(c_kernels: bool, strategy: type, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quantized model's 16-bit KV pool under fp32 queries: the C kernel widens the pool's bf16
+    values in place, torch's strategies cast what they gather; the new K/V are stored rounded."""
+    choose_kernels(c_kernels, monkeypatch)
+    g = torch.Generator().manual_seed(1)
+    pool = random_pool(torch.bfloat16, g)
+    lens = [40, 1, 300]
+    table = torch.randperm(SLOTS, generator=g)[: 3 * 512].view(3, 512)
+    backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM, (), torch.float32)
+    batch = hand_built_batch(table, [n - 1 for n in lens], [1] * len(lens), AttentionKind.DECODE)
+    ctx = backend.prepare(batch)
+    assert type(ctx) is strategy
+    q, new_k, new_v = (torch.randn(len(lens), h, DIM, generator=g) for h in (HEADS, KV_HEADS, KV_HEADS))
+    out = ctx.attend(0, q, new_k, new_v)
+    assert out.dtype == torch.float32
+    assert torch.equal(pool.k[0][batch.out_slots], new_k.bfloat16())  # rounded to nearest, as torch casts
+    assert torch.equal(pool.v[0][batch.out_slots], new_v.bfloat16())
+    for i, n in enumerate(lens):
+        slots = table[i, :n]
+        expected = reference(q[i], pool.k[0][slots].float(), pool.v[0][slots].float())
+        torch.testing.assert_close(out[i], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_attends_its_fresh_kv_as_the_pool_holds_it() -> None:
+    """With a bf16 pool, a prefill that attends its own fresh K/V sees them rounded like a later
+    pass that reads them back: a cached prefix gives the same result as a fresh one."""
+    g = torch.Generator().manual_seed(2)
+    pool = random_pool(torch.bfloat16, g)
+    table = torch.randperm(SLOTS, generator=g)[:512].view(1, 512)
+    backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM, (), torch.float32)
+    n = 20
+    q, k, v = (torch.randn(n, h, DIM, generator=g) for h in (HEADS, KV_HEADS, KV_HEADS))
+    fresh = backend.prepare(hand_built_batch(table, [0], [n], AttentionKind.EXTEND)).attend(0, q, k, v)
+    cached = backend.prepare(hand_built_batch(table, [n - 1], [1], AttentionKind.EXTEND))
+    assert not isinstance(cached, SingleFreshPrefill)
+    again = cached.attend(0, q[-1:], k[-1:], v[-1:])
+    torch.testing.assert_close(again[0], fresh[-1], rtol=1e-5, atol=1e-5)
 
 
 def test_shared_groups_need_a_long_common_run() -> None:
@@ -143,7 +185,7 @@ def test_prefill_strategies_match_reference(shapes: list[tuple[int, int]], fresh
     pool = random_pool(torch.float32, g)
     table = torch.randperm(SLOTS, generator=g)[: len(shapes) * 256].view(len(shapes), 256).clone()
     backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM)
-    batch = hand_built_batch(table, [p for p, _ in shapes], [n for _, n in shapes], is_prefill=True)
+    batch = hand_built_batch(table, [p for p, _ in shapes], [n for _, n in shapes], AttentionKind.EXTEND)
     tokens = sum(n for _, n in shapes)
     q = torch.randn(tokens, HEADS, DIM, generator=g)
     k = torch.randn(tokens, KV_HEADS, DIM, generator=g)
@@ -188,7 +230,7 @@ def test_windowed_decode_reads_the_last_window_keys_and_no_shared_run(
     for row, n in enumerate(lens):  # all share a 200-slot prefix: full attention would use cascade
         table[row, :n] = torch.cat([free[: min(n - 1, 200)], free[1000 + 300 * row :][: n - min(n - 1, 200)]])
     backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM, layer_windows=(WINDOW,))
-    batch = hand_built_batch(table, [n - 1 for n in lens], [1] * len(lens), is_prefill=False)
+    batch = hand_built_batch(table, [n - 1 for n in lens], [1] * len(lens), AttentionKind.DECODE)
     ctx = backend.prepare(batch)
     assert type(ctx) is strategy
     q, new_k, new_v = (torch.randn(len(lens), h, DIM, generator=g).to(dtype) for h in (HEADS, KV_HEADS, KV_HEADS))
@@ -219,7 +261,7 @@ def test_windowed_prefill_per_layer_matches_reference(
     pool = random_pool(torch.float32, g, layers=2)
     table = torch.randperm(SLOTS, generator=g)[: len(shapes) * 256].view(len(shapes), 256).clone()
     backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM, layer_windows=(None, window))
-    batch = hand_built_batch(table, [p for p, _ in shapes], [n for _, n in shapes], is_prefill=True)
+    batch = hand_built_batch(table, [p for p, _ in shapes], [n for _, n in shapes], AttentionKind.EXTEND)
     tokens = sum(n for _, n in shapes)
     q, k, v = (torch.randn(tokens, h, DIM, generator=g) for h in (HEADS, KV_HEADS, KV_HEADS))
     ctx = backend.prepare(batch)

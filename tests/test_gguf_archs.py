@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
 import pytest
 import torch
 from conftest import assert_idle_balanced, hf_greedy
@@ -16,7 +17,10 @@ from tokenizers import Tokenizer, pre_tokenizers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from minisgl import LLM, SamplingParams
-from minisgl.models.gguf import convert_gguf
+from minisgl.layers.linear import Linear
+from minisgl.layers.quant import Int4Weight
+from minisgl.models.gguf import gguf_model_folder
+from minisgl.models.perplexity import sequence_logits
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
 # (tiny model, its tokenizer's llama.cpp pre-tokenizer name, the HF class the GGUF converts to)
@@ -59,7 +63,7 @@ def test_gguf_gives_transformers_tokens(tiny_gguf: tuple[str, Path, Path], monke
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     reference = [hf_greedy(hf, ids, GREEDY.max_tokens) for ids in prompts]
     llm = LLM(str(gguf_path), num_page_override=1024, max_prefill_tokens=16)  # radix cache, chunked prefill
-    assert AutoConfig.from_pretrained(convert_gguf(gguf_path)).architectures == [KINDS[kind][1]]
+    assert AutoConfig.from_pretrained(gguf_model_folder(gguf_path)).architectures == [KINDS[kind][1]]
     assert [o["token_ids"] for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == reference
     assert [llm.generate([p], GREEDY, use_tqdm=False)[0]["token_ids"] for p in prompts] == reference
     assert_idle_balanced(llm)
@@ -70,7 +74,7 @@ def test_tokenizer_from_gguf_encodes_like_the_original(pre: str, tmp_path: Path)
     kind = "qwen3" if pre == "qwen2" else "llama"
     folder = tiny_with_bpe(kind, tmp_path / "m")
     original = AutoTokenizer.from_pretrained(folder)
-    converted = AutoTokenizer.from_pretrained(convert_gguf(write_gguf(folder, tmp_path / "m.gguf", pre), tmp_path / "cache"))
+    converted = AutoTokenizer.from_pretrained(gguf_model_folder(write_gguf(folder, tmp_path / "m.gguf", pre), tmp_path / "cache"))
     for text in SAMPLES:
         ids = original.encode(text)
         assert converted.encode(text) == ids, text
@@ -85,8 +89,49 @@ def test_gguf_whose_tensors_do_not_fit_its_metadata_is_refused(tmp_path: Path) -
     folder = tiny_with_bpe("qwen3_moe", tmp_path / "m")
     wrong_heads = write_gguf(folder, tmp_path / "heads.gguf", "qwen2", metadata={"attention.head_count": 8})
     with pytest.raises(ValueError, match=r"GGUF tensors do not match its metadata .*wrong shapes .*q_proj"):
-        convert_gguf(wrong_heads, tmp_path / "cache")
+        gguf_model_folder(wrong_heads, tmp_path / "cache")
     no_expert = write_gguf(folder, tmp_path / "experts.gguf", "qwen2", drop=("blk.1.ffn_up_exps.weight",))
     with pytest.raises(ValueError, match=r"missing \['model.layers.1.mlp.experts.0.up_proj.weight'"):
-        convert_gguf(no_expert, tmp_path / "cache")
+        gguf_model_folder(no_expert, tmp_path / "cache")
     assert not any((tmp_path / "cache" / "gguf").iterdir())  # nothing half-converted is cached
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_quantized_gguf_runs_in_place_on_its_own_codes(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Q4_0 file (what does not fill 64-column blocks requantized to int8) runs on its quantized
+    weights alone: no dense weight is held or written, prefill (many rows) and decode (few) track
+    the dequantized fp32 model, the KV cache is 16-bit, a batch decodes as its requests alone."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(cache))
+    folder = tiny_with_bpe(kind, tmp_path / kind)
+    path = write_gguf(folder, tmp_path / "q4_0.gguf", KINDS[kind][0], qtype=gguf.GGMLQuantizationType.Q4_0)
+    exact = LLM(str(path), quantization="none", num_page_override=512)
+    quantized = LLM(str(path), num_page_override=512)  # auto
+    try:
+        model = quantized.scheduler.engine.model
+        linears = [m for m in model.modules() if isinstance(m, Linear)]
+        assert all(m.weight is None and m.quantized is not None for m in linears)
+        assert any(isinstance(m.quantized, Int4Weight) for m in linears)
+        assert all(p.dim() == 1 for p in model.parameters())  # norms only: no dense matrix is alive
+        assert quantized.scheduler.engine.pool.k.dtype == torch.bfloat16
+        assert exact.scheduler.engine.pool.k.dtype == torch.float32
+        memory = quantized.scheduler.engine.memory
+        assert memory["weights"] < 0.5 * exact.scheduler.engine.memory["weights"]
+        ids = torch.randint(3, VOCAB, (70,), generator=torch.Generator().manual_seed(0)).tolist()
+        reference = sequence_logits(exact.scheduler.engine.model, ids)
+        # 16 rows a pass (the kernels) and all 70 in one (the many-row products). Q4_0's codes are
+        # the file's own: what differs is the activations' rounding (15 bits in the kernels, bf16 in
+        # the many-row products), well within the spread of the logits.
+        for chunk in (16, len(ids)):
+            ours = sequence_logits(model, ids, chunk)
+            assert ((ours - reference).std() / reference.std()).item() < 0.05, chunk
+        prompts = [ids[:5], ids[10:30], ids[40:43]]
+        alone = [quantized.generate([p], GREEDY, use_tqdm=False)[0]["token_ids"] for p in prompts]
+        quantized.flush_cache()
+        assert [o["token_ids"] for o in quantized.generate(prompts, GREEDY, use_tqdm=False)] == alone
+        assert_idle_balanced(quantized)
+    finally:
+        exact.shutdown()
+        quantized.shutdown()
+    written = [p for p in cache.rglob("*") if p.is_file() and p.parent.name != "kernels"]
+    assert written and not any(p.suffix in (".safetensors", ".bin") for p in written)

@@ -13,18 +13,17 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
-from safetensors import safe_open
 
 from benchmarks.corpus import GUIDELINES
 from minisgl import LLM, SamplingParams
-from minisgl.batch import Batch
+from minisgl.batch import AttentionKind, Batch
 from minisgl.config import EngineConfig
 from minisgl.kernels import native
 from minisgl.layers import quant
 from minisgl.layers.linear import Linear
-from minisgl.layers.quant import INT4_GROUP, Int4Weight, Int8Weight, QuantizedWeight
-from minisgl.models.gguf_quant import INT4_EXACT, GGUFWeights, grid_from_blocks
-from minisgl.models.loader import resolve_model_path
+from minisgl.layers.quant import INT4_GROUP, DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
+from minisgl.models.gguf import default_model_path
+from minisgl.models.gguf_tensors import INT4_EXACT, GGUFTensors, int4_from_blocks
 from minisgl.models.perplexity import perplexity, sequence_logits
 from tests.tiny_models import build_tiny_model
 
@@ -55,26 +54,29 @@ def dense_of(kind: str, blocks: np.ndarray) -> torch.Tensor:
 
 
 def assert_matmul_close(weight: QuantizedWeight, dense: torch.Tensor) -> None:
-    """Kernel path (few rows) and dense path (more than ``max_kernel_rows``) against fp64 x W^T."""
+    """Kernel path (few rows) and many-row path (more than ``max_kernel_rows``: bf16 GEMM on the
+    expanded weight, in one band and in several) against fp64 x W^T."""
     torch.manual_seed(0)
-    for rows in (1, 3, 7, weight.max_kernel_rows, weight.max_kernel_rows + 1):
-        x = torch.randn(rows, IN)
-        ref = x.double() @ dense.double().T
-        err = (weight(x).double() - ref).abs().max() / ref.abs().max()
-        assert err < MATMUL_TOLERANCE, (rows, err.item())
+    for rows in (1, 3, 7, weight.max_kernel_rows, weight.max_kernel_rows + 1, 70):
+        for buffer in (None, DequantBuffer(IN * 40)):  # the whole weight at once; bands of 40 rows
+            weight.buffer = buffer
+            x = torch.randn(rows, IN)
+            ref = x.double() @ dense.double().T
+            err = (weight(x).double() - ref).abs().max() / ref.abs().max()
+            assert err < MATMUL_TOLERANCE, (rows, buffer, err.item())
+    weight.buffer = None
 
 
 @pytest.mark.parametrize("kind", INT4_EXACT)
 def test_int4_formats_keep_the_file_codes(kind: str) -> None:
     blocks = gguf_blocks(kind)
     dense = dense_of(kind, blocks)
-    grid = grid_from_blocks(kind, blocks, OUT)
-    weight = Int4Weight.from_groups(dense, grid.scale, grid.minimum)
+    weight = int4_from_blocks(kind, blocks, IN)  # straight from the blocks, never through fp32
     # The codes are the file's, with fp16 scale and minimum (Q4_0/Q4_1 store fp16: exact; Q4_K's
     # products of two scales round): each weight is off by at most 2^-11 of 15 |scale| + |minimum|.
-    scale = grid.scale.repeat_interleave(INT4_GROUP, dim=1)
-    minimum = grid.minimum.repeat_interleave(INT4_GROUP, dim=1)
-    bound = 2**-11 * (15 * scale.abs() + minimum.abs()) + 1e-7
+    scale = weight.scale.float().repeat_interleave(INT4_GROUP, dim=1)
+    minimum = weight.minimum.float().repeat_interleave(INT4_GROUP, dim=1)
+    bound = 2**-10 * (15 * scale.abs() + minimum.abs()) + 1e-7
     assert ((weight.dequantize() - dense).abs() <= bound).all()
     if kind != "Q4_K":
         assert torch.equal(weight.dequantize(), dense)
@@ -84,10 +86,12 @@ def test_int4_formats_keep_the_file_codes(kind: str) -> None:
 def test_q4_1_codes_match_the_nibbles_in_the_file() -> None:
     blocks = gguf_blocks("Q4_1").reshape(-1, 20)  # fp16 d, fp16 m, 16 bytes: low nibbles then high nibbles
     packed = blocks[:, 4:]
-    codes = np.concatenate([packed & 0xF, packed >> 4], axis=1).reshape(OUT, IN)
-    grid = grid_from_blocks("Q4_1", blocks, OUT)
-    weight = Int4Weight.from_groups(dense_of("Q4_1", blocks.reshape(OUT, -1)), grid.scale, grid.minimum)
-    assert torch.equal(weight.unpacked_codes(), torch.from_numpy(codes).to(torch.uint8))
+    codes = torch.from_numpy(np.concatenate([packed & 0xF, packed >> 4], axis=1).reshape(OUT, IN))
+    direct = int4_from_blocks("Q4_1", blocks.reshape(OUT, -1), IN)
+    assert torch.equal(direct.unpacked_codes(), codes)
+    # The same layout as the one built from the codes by the general path.
+    via_codes = Int4Weight.from_codes(codes, direct.scale, direct.minimum)
+    assert torch.equal(direct.codes, via_codes.codes)
 
 
 @pytest.mark.parametrize("kind", ["Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"])
@@ -139,23 +143,20 @@ def test_c_kernels_build_where_the_host_allows() -> None:
     assert (native.cpu_kernels() is not None) == c_kernels_expected()
 
 
-def test_gguf_grids_line_up_with_the_converted_weights() -> None:
-    """The default file's grids, in HF row order (q/k un-permuted), fit the converted fp32 weights."""
-    folder = resolve_model_path(None)
-    gguf = GGUFWeights(folder_gguf())
-    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
-        for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj.weight"):
-            grid = gguf.grid(name)
-            w = f.get_tensor(name)
-            codes = (w.view(w.shape[0], -1, INT4_GROUP) - grid.minimum.unsqueeze(-1)) / grid.scale.unsqueeze(-1)
-            # Every weight sits on its group's grid: exact codes, not merely close ones.
-            assert (codes - codes.round()).abs().max() < 1e-3, name
-
-
-def folder_gguf() -> Path:
-    from minisgl.models.gguf import default_model_path
-
-    return default_model_path()
+def test_int4_from_the_file_is_its_dequantized_weight() -> None:
+    """The default file's int4 weights, read from its blocks in HF row order (q/k un-permuted),
+    are exactly its dequantized values; so are tensor-parallel slices of them."""
+    tensors = GGUFTensors(default_model_path())
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj.weight",
+                 "model.layers.5.mlp.down_proj.weight"):  # fmt: skip
+        weight, dense = tensors.int4(name), tensors.dense(name)
+        assert torch.equal(weight.dequantize(), dense), name
+        assert torch.equal(weight.rows(3, 40).dequantize(), dense[3:40])
+        assert torch.equal(weight.columns(64, 192).dequantize(), dense[:, 64:192])
+    with pytest.raises(ValueError, match="split a block"):
+        weight.columns(32, 128)
+    with pytest.raises(ValueError, match="Q8_0 .*not int4-exact"):
+        tensors.int4("model.embed_tokens.weight")
 
 
 # -- the default model end to end ----------------------------------------------------------------
@@ -176,7 +177,11 @@ def test_auto_runs_the_q4_1_file_in_int4(auto_llm: LLM) -> None:
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     assert all(isinstance(m.quantized, Int4Weight) for m in linears if m is not model.lm_head)
     assert isinstance(model.lm_head.quantized, Int8Weight)  # the tied Q8_0 embedding
-    assert model.model.embed_tokens.weight.dtype == torch.float32  # lookups stay dense
+    assert model.model.embed_tokens.quantized is model.lm_head.quantized  # lookups read the same codes
+    # No dense copy of anything quantized: only the norms' fp32 vectors are parameters.
+    assert all(m.weight is None for m in linears) and model.model.embed_tokens.weight is None
+    assert {name.rpartition(".")[2] for name, _ in model.named_parameters()} == {"weight"}
+    assert all(p.dim() == 1 for p in model.parameters())
 
 
 def test_auto_perplexity_close_to_fp32(auto_llm: LLM, smollm: LLM) -> None:
@@ -230,7 +235,7 @@ def assert_fused_matches_layers(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> No
 
         def recording(batch: Batch, key: str = key) -> torch.Tensor:
             logits = run_model(batch)
-            if not batch.is_prefill:
+            if batch.attention is AttentionKind.DECODE:
                 captured[key].append(logits.clone())
             return logits
 

@@ -22,10 +22,13 @@ class AttentionBackend(ABC):
         num_kv_heads: int,
         head_dim: int,
         layer_windows: tuple[int | None, ...] = (),
+        dtype: torch.dtype | None = None,
     ) -> None:
         """``layer_windows``: per layer, the sliding window its tokens attend within (position p sees
-        p - window + 1 .. p), or None for full attention; empty: every layer attends fully."""
+        p - window + 1 .. p), or None for full attention; empty: every layer attends fully.
+        ``dtype``: the queries' (the model's; None: the pool's), which a 16-bit pool may differ from."""
         self.pool, self.page_table = pool, page_table
+        self.dtype = dtype if dtype is not None else pool.k.dtype
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.layer_windows = layer_windows
 

@@ -1,10 +1,10 @@
 """Decode strategies: every request adds one token and attends its whole KV, gathered into a padded
 [batch, max_len] layout with the padding masked out.
 
-- ``PagedDecode``: fp32 on CPU with the engine's C kernels: keys and values read in place from the
-  pool (``minisgl/kernels/cpu/paged_attention.c``), no gathered copy, hence no shared runs either.
+- ``PagedDecode``: fp32 queries on CPU with the engine's C kernels: keys and values read in place
+  from the pool (fp32 or bf16) (``minisgl/kernels/cpu/paged_attention.c``), no gathered copy, hence no shared runs either.
 - ``SdpaDecode``: one SDPA call (fp32 on CPU without the C kernels, and CUDA).
-- ``MatmulDecode``: bf16/fp16 on CPU, two matmuls and a softmax; SDPA's GQA path ran 7-14x slower
+- ``MatmulDecode``: bf16/fp16 queries on CPU, two matmuls and a softmax; SDPA's GQA path ran 7-14x slower
   on 32 x 64 to 8 x 2000 decode shapes (it copies K/V per query head, then a slow bf16 kernel).
 - ``CascadeDecode``: when several requests share a long run of KV slots (a system prompt in the
   radix cache), gathering that run once per request per layer dominates the step. Those requests
@@ -43,8 +43,8 @@ class DecodeAttention:
         self.pool.store(layer_id, self.out_slots, k, v)
         num_kv, dim = k.shape[1], k.shape[2]
         shape = (self.batch, self.max_len, num_kv, dim)
-        ki = self.pool.k[layer_id].index_select(0, self.kv_slots.view(-1)).view(shape).transpose(1, 2)
-        vi = self.pool.v[layer_id].index_select(0, self.kv_slots.view(-1)).view(shape).transpose(1, 2)
+        ki = self.pool.k[layer_id].index_select(0, self.kv_slots.view(-1)).view(shape).transpose(1, 2).to(q.dtype)
+        vi = self.pool.v[layer_id].index_select(0, self.kv_slots.view(-1)).view(shape).transpose(1, 2).to(q.dtype)
         # Queries as [batch, kv_heads, heads per kv head, dim], so GQA needs no copy of K/V.
         return self.compute(layer_id, q.view(self.batch, num_kv, -1, dim), ki, vi)
 
@@ -133,8 +133,8 @@ class CascadeDecode(DecodeAttention):
         s, num_kv, per_kv, dim = self.shared, qg.shape[1], qg.shape[2], qg.shape[3]
         qs = qg.index_select(0, s.members).view(s.num_groups, -1, num_kv, per_kv, dim).transpose(1, 2)
         run_shape = (s.num_groups, -1, num_kv, dim)
-        ks = self.pool.k[layer_id].index_select(0, s.slots).view(run_shape).transpose(1, 2)
-        vs = self.pool.v[layer_id].index_select(0, s.slots).view(run_shape).transpose(1, 2)
+        ks = self.pool.k[layer_id].index_select(0, s.slots).view(run_shape).transpose(1, 2).to(qg.dtype)
+        vs = self.pool.v[layer_id].index_select(0, s.slots).view(run_shape).transpose(1, 2).to(qg.dtype)
         o, l = attention_with_lse(qs.flatten(2, 3), ks, vs, s.bias)
         # Back to one row per member; a request outside every group keeps an empty run (lse -inf),
         # which leaves its own result unchanged in the merge.

@@ -85,8 +85,8 @@ class CachedPrefill:
         batch, max_kv = self.kv_slots.shape
         qi = q.index_select(0, self.q_index).view(batch, -1, *q.shape[1:]).transpose(1, 2)
         kv_shape = (batch, max_kv, *k.shape[1:])
-        ki = pool.k[layer_id].index_select(0, self.kv_slots.view(-1)).view(kv_shape).transpose(1, 2)
-        vi = pool.v[layer_id].index_select(0, self.kv_slots.view(-1)).view(kv_shape).transpose(1, 2)
+        ki = pool.k[layer_id].index_select(0, self.kv_slots.view(-1)).view(kv_shape).transpose(1, 2).to(q.dtype)
+        vi = pool.v[layer_id].index_select(0, self.kv_slots.view(-1)).view(kv_shape).transpose(1, 2).to(q.dtype)
         o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=self.mask, enable_gqa=True)
         out.index_copy_(0, self.rows, o.transpose(1, 2).flatten(2).flatten(0, 1).index_select(0, self.valid))
 
@@ -124,6 +124,7 @@ class PrefillAttention:
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.pool.store(layer_id, self.out_slots, k, v)
+        k, v = self.pool.rounded(k), self.pool.rounded(v)
         out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
         for part in self.parts:
             part.write(out, self.pool, layer_id, q, k, v)
@@ -140,4 +141,4 @@ class SingleFreshPrefill:
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.pool.store(layer_id, self.out_slots, k, v)
-        return sdpa(q, k, v, is_causal=True).flatten(1)
+        return sdpa(q, self.pool.rounded(k), self.pool.rounded(v), is_causal=True).flatten(1)

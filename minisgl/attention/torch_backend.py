@@ -29,7 +29,7 @@ from minisgl.attention.prefill import (
     first_key,
     padding_buckets,
 )
-from minisgl.batch import AttentionContext, Batch, PagedKV
+from minisgl.batch import AttentionContext, AttentionKind, Batch, PagedKV
 from minisgl.kernels.native import CpuKernels, cpu_kernels
 
 
@@ -51,16 +51,17 @@ class TorchAttentionBackend(AttentionBackend):
     def _plain_decode(self) -> type[DecodeAttention]:
         """Decided once: in half precision on CPU, matmuls beat SDPA's GQA path; in fp32 its flash
         kernel wins at long contexts, and on CUDA SDPA is the fused kernel."""
-        half_on_cpu = self.pool.k.dtype != torch.float32 and self.pool.k.device.type == "cpu"
+        half_on_cpu = self.dtype != torch.float32 and self.pool.k.device.type == "cpu"
         return MatmulDecode if half_on_cpu else SdpaDecode
 
     @cached_property
     def _paged_kernels(self) -> CpuKernels | None:
-        """The C kernels, where they run this pool's decode: fp32 on the CPU, head_dim a multiple
-        of 16, at most 16 query heads per KV head."""
+        """The C kernels, where they run this pool's decode: fp32 queries on the CPU, an fp32 or bf16
+        pool, head_dim a multiple of 16, at most 16 query heads per KV head."""
         pool = self.pool.k
         fits = self.head_dim % 16 == 0 and self.num_heads // self.num_kv_heads <= 16
-        return cpu_kernels() if pool.dtype == torch.float32 and pool.device.type == "cpu" and fits else None
+        kinds = self.dtype == torch.float32 and pool.dtype in (torch.float32, torch.bfloat16)
+        return cpu_kernels() if kinds and pool.device.type == "cpu" and fits else None
 
     def prepare(self, batch: Batch) -> AttentionContext:
         windows = set(self.layer_windows)
@@ -71,7 +72,9 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _prepare_window(self, batch: Batch, window: int | None) -> AttentionContext:
         """The context of the layers that attend within ``window`` (None: fully)."""
-        return self._prepare_prefill(batch, window) if batch.is_prefill else self._prepare_decode(batch, window)
+        if batch.attention is AttentionKind.DECODE:
+            return self._prepare_decode(batch, window)
+        return self._prepare_prefill(batch, window)
 
     def _prepare_prefill(self, batch: Batch, window: int | None) -> AttentionContext:
         """Requests with nothing cached (and, with a window, no more new tokens than it) attend to
@@ -117,7 +120,7 @@ class TorchAttentionBackend(AttentionBackend):
         if paged is not None:
             return PagedDecode(self.pool, PagedKV(self.pool.k, self.pool.v, batch.out_slots, kv_slots, own_lens), paged)
         valid = positions < own_lens.unsqueeze(1)
-        dtype = self.pool.k.dtype
+        dtype = self.dtype
         bias = None if bool(valid.all()) else key_bias(valid, dtype).view(batch.num_reqs, 1, 1, max_len)
         if not groups:
             return self._plain_decode(self.pool, batch.out_slots, kv_slots, bias)

@@ -17,9 +17,10 @@ from minisgl.config import EngineConfig
 from minisgl.distributed.sharding import max_kv_heads
 from minisgl.kvcache.pool import KVPool
 from minisgl.kvcache.table import TableManager
+from minisgl.layers.quant import QuantizedWeight
 from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import local_heads
-from minisgl.models.loader import load_model, resolve_gguf_file
+from minisgl.models.loader import load_model, memory_bytes, resolve_gguf_file
 from minisgl.sampling import Sampled, Sampler
 
 if TYPE_CHECKING:
@@ -44,23 +45,32 @@ class Engine:
         heads = local_heads(cfg, tp)
         # Every rank sizes its pool for the largest KV shard, so that all ranks have the same pages.
         budget_heads = cfg.num_kv_heads if tp is None else max_kv_heads(cfg.num_heads, cfg.num_kv_heads, tp.size)
-        bytes_per_token = KVPool.bytes_per_token(cfg.num_layers, budget_heads, cfg.head_dim, config.torch_dtype)
+        quantized = any(isinstance(m, QuantizedWeight) for m in self.model.modules())
+        kv_dtype = config.kv_torch_dtype(quantized)
+        bytes_per_token = KVPool.bytes_per_token(cfg.num_layers, budget_heads, cfg.head_dim, kv_dtype)
         num_pages = config.num_page_override or int(config.kv_memory_gb * 2**30) // (bytes_per_token * config.page_size)
         if num_pages < 1:
             raise ValueError(f"KV memory budget of {config.kv_memory_gb} GiB holds no page")
         self.pool = KVPool(
-            cfg.num_layers, num_pages, config.page_size, heads.num_kv, cfg.head_dim, config.torch_dtype, self.device
+            cfg.num_layers, num_pages, config.page_size, heads.num_kv, cfg.head_dim, kv_dtype, self.device
         )
         self.table = TableManager(config.max_running_req, self.max_seq_len, self.device)
         self.attention = ATTENTION_BACKENDS.get(config.attention_backend)(
-            self.pool, self.table.page_table, heads.num_q, heads.num_kv, cfg.head_dim, cfg.layer_windows
+            self.pool, self.table.page_table, heads.num_q, heads.num_kv, cfg.head_dim, cfg.layer_windows,
+            config.torch_dtype,
         )
         self.sampler = Sampler(config.seed)
+        # Bytes by part, fixed from here on (the start-up log, ``/metrics``, ``LLM.stats()``).
+        self.memory = {**memory_bytes(self.model), "kv_pool": self.pool.nbytes}
         logger.info(
             "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s) on %s; context %d",
             num_pages, config.page_size, self.pool.num_slots, self.pool.num_slots * bytes_per_token / 2**20,
-            config.dtype, self.device, self.max_seq_len,
+            str(kv_dtype).removeprefix("torch."), self.device, self.max_seq_len,
         )  # fmt: skip
+        logger.info(
+            "memory: weights %.1f MiB, KV pool %.1f MiB, dequantization buffer %.1f MiB",
+            *(self.memory[part] / 2**20 for part in ("weights", "kv_pool", "dequant_buffer")),
+        )
 
     @torch.inference_mode()
     def run_model(self, batch: Batch) -> torch.Tensor:

@@ -4,6 +4,8 @@
   take bf16 activations (two casts a product, and 3e-3 relative error against these ~1e-4); at one
   row its int4 product is about as fast as this one, its int8 one 2-3x slower (SmolLM2's LM head:
   2.2 ms against 0.6-1.1 ms, 2-core AVX-512 machine).
+- ``dequantize.c``: int4/int8 weights expanded to bf16 a band of rows at a time, for the many-row
+  products (prefill), which then run torch's bf16 GEMM.
 - ``paged_attention.c``: decode attention read in place from the KV pool, no gathered copy.
 - ``rms_norm.c``: RMSNorm (after a residual add) in one call instead of torch's seven ops.
 - ``rotary.c``: RoPE, with torch's roundings, for ``decode_layer.c``.
@@ -87,7 +89,7 @@ class _Layer(ctypes.Structure):
 
 class _Step(ctypes.Structure):
     _fields_ = [
-        ("batch", _i64), ("k_pool", _p), ("v_pool", _p), ("pool_layer_stride", _i64), ("out_slots", _p),
+        ("batch", _i64), ("k_pool", _p), ("v_pool", _p), ("kv_bf16", ctypes.c_int), ("pool_layer_stride", _i64), ("out_slots", _p),
         ("kv_slots", _p), ("kv_lens", _p), ("kv_stride", _i64), ("cos", _p), ("sin", _p), ("scratch", _p),
         ("threads", ctypes.c_int),
     ]  # fmt: skip
@@ -124,11 +126,13 @@ class CpuKernels:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.int4_matmul.argtypes = [p, i64, i64, p, p, p, i64, p, i32]
         lib.int8_matmul.argtypes = [p, i64, i64, p, p, i64, p, i32]
-        lib.paged_decode_attention.argtypes = [p, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, i32]
+        lib.paged_decode_attention.argtypes = [p, p, p, p, p, p, i32, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, i32]
         lib.rms_norm.argtypes = [p, p, p, p, i64, i64, ctypes.c_float, p, i32]
         lib.decode_layer_scratch.argtypes = [i64] * 6
         lib.decode_layer_scratch.restype = i64
         lib.decode_layers.argtypes = [p, i64, p, p, p, p, p]
+        lib.int4_dequantize_bf16.argtypes = [p, p, p, i64, i64, i64, p, i32]
+        lib.int8_dequantize_bf16.argtypes = [p, p, i64, i64, i64, p, i32]
         self._lib = lib
 
     def int4(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> Matmul:
@@ -141,6 +145,24 @@ class CpuKernels:
         """``codes``: [N, K] int8; ``scale``: [N] fp32; w = code * scale row by row."""
         return _bind(self._lib.int8_matmul, codes.shape[0], codes.shape[1], (codes, scale))
 
+    def int4_dequantize(
+        self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, start: int, out: torch.Tensor
+    ) -> None:
+        """Rows ``start .. start + len(out)`` of an int4 weight (``int4``'s buffers) into ``out``,
+        [rows, K] bf16."""
+        _check_band(codes.shape[0], codes.shape[1] * 2, start, out)
+        self._lib.int4_dequantize_bf16(
+            codes.data_ptr(), scale.data_ptr(), minimum.data_ptr(), codes.shape[1] * 2, start, out.shape[0],
+            out.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+
+    def int8_dequantize(self, codes: torch.Tensor, scale: torch.Tensor, start: int, out: torch.Tensor) -> None:
+        """Rows ``start .. start + len(out)`` of an int8 weight into ``out``, [rows, K] bf16."""
+        _check_band(codes.shape[0], codes.shape[1], start, out)
+        self._lib.int8_dequantize_bf16(
+            codes.data_ptr(), scale.data_ptr(), codes.shape[1], start, out.shape[0], out.data_ptr(), torch.get_num_threads()
+        )
+
     def paged_decode_attention(
         self,
         q: torch.Tensor,
@@ -152,19 +174,22 @@ class CpuKernels:
         kv_slots: torch.Tensor,
         kv_lens: torch.Tensor,
     ) -> torch.Tensor:
-        """``q``: [batch, heads, d] fp32; ``k``, ``v``: [batch, kv_heads, d], first stored at
-        ``out_slots`` of ``k_pool``, ``v_pool`` (one layer's [slots, kv_heads, d], fp32, written in
-        place); ``kv_slots``: [batch, n] int64, of which row b's first ``kv_lens[b]`` are attended
-        → [batch, heads * d]."""
+        """``q``: [batch, heads, d] fp32; ``k``, ``v``: [batch, kv_heads, d] fp32, first stored at
+        ``out_slots`` of ``k_pool``, ``v_pool`` (one layer's [slots, kv_heads, d], fp32 or bf16,
+        written in place); ``kv_slots``: [batch, n] int64, of which row b's first ``kv_lens[b]`` are
+        attended → [batch, heads * d]."""
         batch, heads, d = q.shape
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         out_slots, kv_slots, kv_lens = out_slots.contiguous(), kv_slots.contiguous(), kv_lens.contiguous()
         if not out_slots.dtype == kv_slots.dtype == kv_lens.dtype == torch.int64:
             raise ValueError("paged_decode_attention takes int64 slots and lengths")
+        if not q.dtype == k.dtype == v.dtype == torch.float32:
+            raise ValueError(f"paged_decode_attention takes fp32 q, k, v, got {q.dtype}, {k.dtype}, {v.dtype}")
         out = torch.empty(batch, heads * d)
         failed = self._lib.paged_decode_attention(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out_slots.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(),
-            kv_slots.data_ptr(), kv_slots.shape[1], kv_lens.data_ptr(), batch, heads, k_pool.shape[1], d, d**-0.5,
+            _kv_bf16(k_pool, v_pool), kv_slots.data_ptr(), kv_slots.shape[1], kv_lens.data_ptr(), batch, heads,
+            k_pool.shape[1], d, d**-0.5,
             out.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         if failed:
@@ -189,6 +214,20 @@ class CpuKernels:
 
     def fused_decoder(self, layers: list[LayerWeights]) -> FusedDecoder:
         return FusedDecoder(self._lib, layers)
+
+
+def _kv_bf16(k_pool: torch.Tensor, v_pool: torch.Tensor) -> int:
+    """The C kernels' pool flag: 1 for bf16, 0 for fp32 (anything else is refused)."""
+    if k_pool.dtype != v_pool.dtype or k_pool.dtype not in (torch.float32, torch.bfloat16) or not k_pool.is_contiguous():
+        raise ValueError(f"the KV pools must be contiguous fp32 or bf16, got {k_pool.dtype} and {v_pool.dtype}")
+    return int(k_pool.dtype == torch.bfloat16)
+
+
+def _check_band(n: int, k: int, start: int, out: torch.Tensor) -> None:
+    if out.dtype != torch.bfloat16 or not out.is_contiguous() or out.dim() != 2 or out.shape[1] != k:
+        raise ValueError(f"out must be a contiguous [rows, {k}] bf16 tensor, got {out.dtype} {tuple(out.shape)}")
+    if not 0 <= start <= start + out.shape[0] <= n:
+        raise ValueError(f"rows {start}..{start + out.shape[0]} outside the weight's {n}")
 
 
 def _bind(run: Callable[..., object], n: int, k: int, weight: tuple[torch.Tensor, ...]) -> Matmul:
@@ -232,8 +271,8 @@ class FusedDecoder:
         kv_lens: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``x``: the embedded tokens [batch, hidden] fp32, one per request; ``cos``/``sin``: their
-        RoPE rows; the pools: all layers' [layers, slots, kv_heads, head_dim] fp32 (the new K/V are
-        stored); ``kv_slots``/``kv_lens`` as for ``paged_decode_attention``. Returns (last layer's
+        RoPE rows; the pools: all layers' [layers, slots, kv_heads, head_dim] fp32 or bf16 (the new K/V
+        are stored); ``kv_slots``/``kv_lens`` as for ``paged_decode_attention``. Returns (last layer's
         MLP output, the residual stream before it)."""
         batch = x.shape[0]
         tensors = [t.contiguous() for t in (x, cos, sin, out_slots, kv_slots, kv_lens)]
@@ -241,7 +280,7 @@ class FusedDecoder:
         scratch = torch.empty(self._lib.decode_layer_scratch(batch, *self._shape))
         residual, out, buffer = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
         step = _Step(
-            batch, k_pool.data_ptr(), v_pool.data_ptr(), k_pool[0].numel(), out_slots.data_ptr(), kv_slots.data_ptr(),
+            batch, k_pool.data_ptr(), v_pool.data_ptr(), _kv_bf16(k_pool, v_pool), k_pool[0].numel(), out_slots.data_ptr(), kv_slots.data_ptr(),
             kv_lens.data_ptr(), kv_slots.shape[1], cos.data_ptr(), sin.data_ptr(), scratch.data_ptr(),
             torch.get_num_threads(),
         )  # fmt: skip

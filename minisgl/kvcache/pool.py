@@ -27,11 +27,20 @@ class KVPool:
     def num_slots(self) -> int:
         return self.num_pages * self.page_size
 
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
     def store(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write the new tokens' K/V in place at their slots."""
-        self.k[layer_id].index_copy_(0, slots, k)
-        self.v[layer_id].index_copy_(0, slots, v)
+        """Write the new tokens' K/V in place at their slots (cast to the pool's dtype)."""
+        self.k[layer_id].index_copy_(0, slots, k.to(self.k.dtype))
+        self.v[layer_id].index_copy_(0, slots, v.to(self.v.dtype))
+
+    def rounded(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` as the pool holds it, in ``x``'s dtype: a pass that attends its fresh K/V sees the
+        values a later pass reads back from the pool."""
+        return x if x.dtype == self.k.dtype else x.to(self.k.dtype).to(x.dtype)

@@ -89,17 +89,19 @@ class Linear(nn.Module):
                 out_features = partition.size
             else:
                 in_features = partition.size
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.shape = (out_features, in_features)
+        # Never written for a layer the loader quantizes (``quantize`` drops it): untouched memory.
+        self.weight: nn.Parameter | None = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        self.quantized: QuantizedWeight | None = None  # set by ``quantize``: decode then runs on it
+        self.quantized: QuantizedWeight | None = None  # set by ``quantize``: every product then runs on it
 
     def quantize(self, weight: QuantizedWeight) -> None:
-        """Run few-row products (decode) on ``weight`` (same shape, quantized) from now on. The dense
-        weight stays for many-row products (prefill): the kernels only pay off for a few rows, and
-        dequantizing per call cost ~0.3 s per SmolLM2 layer on 2 cores."""
-        if (weight.out_features, weight.in_features) != tuple(self.weight.shape):
-            raise ValueError(f"quantized weight {weight} does not match the dense {tuple(self.weight.shape)}")
+        """Run every product on ``weight`` (same shape, quantized) from now on; the dense weight is
+        dropped, so the layer holds its quantized form only."""
+        if (weight.out_features, weight.in_features) != self.shape:
+            raise ValueError(f"quantized weight {weight} does not match the layer's {self.shape}")
         self.quantized = weight
+        self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         p = self.partition
@@ -112,9 +114,10 @@ class Linear(nn.Module):
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         q = self.quantized
-        if q is not None and x.is_cpu and x.numel() <= q.max_kernel_rows * x.shape[-1]:
+        if q is not None:
             y = q.forward(x)  # not q(x): a module call's hook machinery costs ~3 us, 120 times a step
             return y if bias is None else y + bias
+        assert self.weight is not None, "a layer without a quantized weight keeps its dense one"
         return linear(x, self.weight, bias)
 
 

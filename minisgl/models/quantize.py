@@ -1,39 +1,66 @@
-"""Choose and build each ``Linear``'s quantized weight for a quantization mode.
+"""Choose and build each weight's quantized form for a quantization mode.
 
 - ``none``: dense weights (the dtype's), as loaded.
 - ``int4`` / ``int8``: every linear layer (the LM head too) round-to-nearest at load: int4 per
   group of 32 input columns (min/max), int8 per output row (symmetric).
-- ``auto``: a GGUF file's own precision. Q4_0 / Q4_1 / Q4_K run as int4 with the file's codes and
-  group scales (exact; Q4_K's products of scales rounded to fp16), where a layer has a multiple of
-  64 input features (the kernel's block), else as int8; 5 to 8 bit formats as int8 per row
-  (requantized: the kernel has one scale per row, the file one per 32 or 16 weights); anything else
-  (F32, F16, 2-3 bit and i-quants) stays dense. A Hugging Face folder has no quantized tensors:
-  ``auto`` is ``none`` there.
+- ``auto``: a GGUF file's own precision, every linear layer and the embedding. Q4_0 / Q4_1 / Q4_K
+  run as int4 with the file's codes and group scales, taken from its blocks (exact; Q4_K's products
+  of scales rounded to fp16), where a layer has a multiple of 64 input features (the kernel's
+  block), else as int8; 5 to 8 bit formats as int8 per row (requantized: the kernel has one scale
+  per row, the file one per 32 or 16 weights); anything else (F32, F16, 2-3 bit and i-quants) stays
+  dense. A Hugging Face folder has no quantized tensors: ``auto`` is ``none`` there.
 
-Quantized weights are built from the fp32 values on the CPU, before the model is cast to its dtype
-(a bf16 rounding first would move codes to the wrong bucket).
+A quantized weight is built straight from the checkpoint, one weight at a time, and its layer never
+holds a dense copy (``Linear.quantize``). An embedding tied to a quantized LM head looks its rows up
+in the LM head's weight. RTN weights are built from the fp32 values, before the model is cast to
+its dtype (a bf16 rounding first would move codes to the wrong bucket).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from minisgl.layers.embedding import VocabEmbedding
 from minisgl.layers.linear import Linear, Partition
-from minisgl.layers.quant import INT4_BLOCK, Int4Weight, Int8Weight, QuantizedWeight, quantize_weight
-from minisgl.models.gguf_quant import INT4_EXACT, INT8_NEAREST, GGUFWeights, Grid
+from minisgl.layers.quant import (
+    DEQUANT_BUFFER_ELEMENTS,
+    INT4_BLOCK,
+    DequantBuffer,
+    Int4Weight,
+    Int8Weight,
+    QuantizedWeight,
+    quantize_weight,
+)
+from minisgl.models.gguf_tensors import INT4_EXACT, INT8_NEAREST, GGUFTensors
 
 QUANTIZATION_MODES = ("auto", "none", "int4", "int8")
 
-# (module name, its linear layer, the checkpoint tensors whose rows make up its weight)
-LinearSpec = tuple[str, Linear, list[str]]
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """A weight that can be quantized: its module, the checkpoint tensors whose rows make it up, and
+    whether it is an embedding table (quantized only by ``auto``, or with the LM head it is tied to)."""
+
+    name: str
+    module: Linear | VocabEmbedding
+    sources: tuple[str, ...]
+
+    @property
+    def is_embedding(self) -> bool:
+        return isinstance(self.module, VocabEmbedding)
+
+
+# The dense fp32 value of a spec's weight, this rank's slice, read from the checkpoint.
+DenseReader = Callable[[WeightSpec], torch.Tensor]
 
 
 @dataclass(frozen=True)
 class Choice:
-    """What one linear layer runs in, and why (for the start-up log)."""
+    """What one weight runs in, and why (for the start-up log)."""
 
     weight: QuantizedWeight | None
     reason: str
@@ -45,70 +72,99 @@ def check_mode(mode: str) -> None:
 
 
 def plan_quantization(
-    linears: list[LinearSpec], mode: str, gguf: GGUFWeights | None
+    specs: list[WeightSpec], mode: str, read_dense: DenseReader, gguf: GGUFTensors | None
 ) -> tuple[dict[str, QuantizedWeight], str]:
-    """The quantized weight of each linear layer that gets one (by module name), and a summary
-    counting what runs in what. Raises ``ValueError`` if the mode cannot take a layer's weight."""
+    """The quantized weight of each spec that gets one (by module name; specs with the same sources
+    share one), and a summary counting what runs in what. Raises ``ValueError`` if the mode cannot
+    take a layer's weight."""
     check_mode(mode)
     if mode == "none" or (mode == "auto" and gguf is None):
         return {}, "dense weights"
     plan: dict[str, QuantizedWeight] = {}
+    built: dict[tuple[str, ...], Choice] = {}
     reasons: Counter[str] = Counter()
-    for name, linear, sources in linears:
-        choice = _choose_auto(linear, sources, gguf) if gguf is not None else _choose_rtn(linear, mode)
+    for spec in specs:
+        if spec.sources in built:  # an embedding tied to the LM head
+            choice = Choice(built[spec.sources].weight, "embedding tied to the LM head")
+        elif gguf is not None:
+            choice = _choose_auto(spec, read_dense, gguf)
+        elif spec.is_embedding:
+            choice = Choice(None, "dense (embedding)")
+        else:
+            choice = _choose_rtn(spec, read_dense, mode)
+        built[spec.sources] = choice
         reasons[choice.reason] += 1
         if choice.weight is not None:
-            plan[name] = choice.weight
+            plan[spec.name] = choice.weight
     return plan, "; ".join(f"{n} x {reason}" for reason, n in reasons.items())
 
 
-def _dense(linear: Linear) -> torch.Tensor:
-    return linear.weight.detach()
-
-
-def _choose_rtn(linear: Linear, mode: str) -> Choice:
-    w = _dense(linear)
-    if mode == "int4" and w.shape[1] % INT4_BLOCK:
+def _choose_rtn(spec: WeightSpec, read_dense: DenseReader, mode: str) -> Choice:
+    in_features = spec.module.shape[1]
+    if mode == "int4" and in_features % INT4_BLOCK:
         raise ValueError(
-            f"quantization='int4' needs a multiple of {INT4_BLOCK} input features; a layer has {w.shape[1]}"
+            f"quantization='int4' needs a multiple of {INT4_BLOCK} input features; a layer has {in_features}"
         )
-    return Choice(quantize_weight(w, "int4" if mode == "int4" else "int8"), f"{mode} (round-to-nearest)")
+    return Choice(quantize_weight(read_dense(spec), "int4" if mode == "int4" else "int8"), f"{mode} (round-to-nearest)")
 
 
-def _choose_auto(linear: Linear, sources: list[str], gguf: GGUFWeights) -> Choice:
-    missing = [s for s in sources if s not in gguf]
+def _choose_auto(spec: WeightSpec, read_dense: DenseReader, gguf: GGUFTensors) -> Choice:
+    missing = [s for s in spec.sources if s not in gguf]
     if missing:
         return Choice(None, f"dense ({', '.join(missing)} not in {gguf.name})")
-    kinds = sorted({gguf.type_name(s) for s in sources})
+    kinds = sorted({gguf.type_name(s) for s in spec.sources})
     label = "/".join(kinds)
-    if all(k in INT4_EXACT for k in kinds) and linear.weight.shape[1] % INT4_BLOCK == 0:
-        grids = [gguf.grid(s) for s in sources]
-        grid = _shard(Grid.cat(grids), linear.partition, [g.scale.shape[0] for g in grids])
-        return Choice(Int4Weight.from_groups(_dense(linear), grid.scale, grid.minimum), f"int4 ({label}, exact codes)")
+    what = "embedding " if spec.is_embedding else ""
+    if all(k in INT4_EXACT for k in kinds) and spec.module.shape[1] % INT4_BLOCK == 0:
+        parts = [gguf.int4(s) for s in spec.sources]
+        return Choice(_shard(parts, spec.module.partition), f"{what}int4 ({label}, exact codes)")
     if all(k in INT8_NEAREST or k in INT4_EXACT for k in kinds):
-        return Choice(Int8Weight.quantize(_dense(linear)), f"int8 per row ({label} requantized)")
-    return Choice(None, f"dense ({label}: no CPU kernel for it)")
+        return Choice(Int8Weight.quantize(read_dense(spec)), f"{what}int8 per row ({label} requantized)")
+    return Choice(None, f"{what}dense ({label}: no CPU kernel for it)")
 
 
-def _shard(grid: Grid, partition: Partition | None, part_rows: list[int]) -> Grid:
-    """This tensor-parallel rank's part of a fused grid, sliced like the loader slices the weight."""
+def _shard(parts: list[Int4Weight], partition: Partition | None) -> Int4Weight:
+    """This tensor-parallel rank's share of a fused int4 weight, sliced like the loader slices a dense one."""
     if partition is None:
-        return grid
+        return Int4Weight.cat(parts)
     if partition.kind == "row":
-        return grid.columns(*partition.ranges[0])
-    offsets = [sum(part_rows[:i]) for i in range(len(part_rows))]
-    return Grid.cat([grid.rows(off + start, off + end) for off, (start, end) in zip(offsets, partition.ranges)])
+        return Int4Weight.cat(parts).columns(*partition.ranges[0])
+    return Int4Weight.cat([part.rows(start, end) for part, (start, end) in zip(parts, partition.ranges)])
 
 
-def apply_quantization(linears: list[LinearSpec], plan: dict[str, QuantizedWeight], dtype: torch.dtype) -> None:
+def release_dense(specs: list[WeightSpec], plan: dict[str, QuantizedWeight]) -> None:
+    """Drop the (never written) dense parameter of every planned module, before anything reads it."""
+    for spec in specs:
+        if spec.name in plan:
+            spec.module.weight = None
+
+
+def apply_quantization(
+    specs: list[WeightSpec], plan: dict[str, QuantizedWeight], dtype: torch.dtype, device: torch.device
+) -> None:
     """Install the planned weights: on the CPU the quantized kernels run; elsewhere (no kernel is
-    wired for CUDA yet) the layer keeps a dense copy of the same quantized values."""
-    for name, linear, _ in linears:
-        weight = plan.get(name)
+    wired for CUDA yet) the module gets a dense copy of the same quantized values. On the CPU the
+    weights share one ``DequantBuffer`` for their many-row products."""
+    buffer = _shared_buffer(specs, plan) if device.type == "cpu" and plan else None
+    for spec in specs:
+        weight = plan.get(spec.name)
         if weight is None:
             continue
-        dense = linear.weight
-        if dense.device.type == "cpu":
-            linear.quantize(weight)
+        module = spec.module
+        if device.type != "cpu":
+            module.weight = torch.nn.Parameter(weight.dequantize(dtype).to(device), requires_grad=False)
+            continue
+        weight.buffer = buffer
+        if isinstance(module, VocabEmbedding):
+            module.quantize(weight, dtype)
         else:
-            linear.weight = torch.nn.Parameter(weight.dequantize(dtype).to(dense.device), requires_grad=False)
+            module.quantize(weight)
+
+
+def _shared_buffer(specs: list[WeightSpec], plan: dict[str, QuantizedWeight]) -> DequantBuffer:
+    """Room for the largest weight inside the decoder layers (up to ``DEQUANT_BUFFER_ELEMENTS``):
+    larger ones, and the vocabulary-sized LM head, run band by band."""
+    layer_weights = [w for name, w in plan.items() if name.startswith("model.layers.")] or list(plan.values())
+    largest = max(w.out_features * w.in_features for w in layer_weights)
+    widest = max(w.in_features for w in plan.values())
+    return DequantBuffer(max(widest, min(largest, DEQUANT_BUFFER_ELEMENTS)))

@@ -29,8 +29,9 @@ typedef struct {
 // What one decode step is, the same for every layer.
 typedef struct {
     int64_t batch;
-    float *k_pool, *v_pool;                // all layers' [layers, slots, kv_heads, head_dim]
-    int64_t pool_layer_stride;             // floats per layer of the pools
+    void *k_pool, *v_pool;                 // all layers' [layers, slots, kv_heads, head_dim]
+    int kv_bf16;                           // the pools' dtype: bf16, else fp32
+    int64_t pool_layer_stride;             // elements per layer of the pools
     const int64_t *out_slots, *kv_slots, *kv_lens;
     int64_t kv_stride;                     // entries per row of kv_slots
     const float *cos, *sin;                // [batch, head_dim], sin's first half negated
@@ -53,7 +54,9 @@ int decode_layer(const Layer *l, const Step *s, const float *delta, int first, f
     float *h = s->scratch, *qkv = h + b * l->hidden, *qk = qkv + b * qkv_width, *q = qk + b * qk_heads * d;
     float *k = q + b * q_width, *v = k + b * kv_width, *attn = v + b * kv_width, *o = attn + b * q_width;
     float *gate_up = o + b * l->hidden, *act = gate_up + 2 * b * l->intermediate;
-    float *k_pool = s->k_pool + l->layer * s->pool_layer_stride, *v_pool = s->v_pool + l->layer * s->pool_layer_stride;
+    const size_t element = s->kv_bf16 ? sizeof(uint16_t) : sizeof(float);
+    void *k_pool = (char *)s->k_pool + (size_t)(l->layer * s->pool_layer_stride) * element;
+    void *v_pool = (char *)s->v_pool + (size_t)(l->layer * s->pool_layer_stride) * element;
 
     if (first) {
         memcpy(residual, delta, sizeof(float) * (size_t)(b * l->hidden));
@@ -68,7 +71,7 @@ int decode_layer(const Layer *l, const Step *s, const float *delta, int first, f
         memcpy(k + r * kv_width, qk + r * qk_heads * d + q_width, sizeof(float) * (size_t)kv_width);
         memcpy(v + r * kv_width, qkv + r * qkv_width + qk_heads * d, sizeof(float) * (size_t)kv_width);
     }
-    const int failed = paged_decode_attention(q, k, v, s->out_slots, k_pool, v_pool, s->kv_slots, s->kv_stride,
+    const int failed = paged_decode_attention(q, k, v, s->out_slots, k_pool, v_pool, s->kv_bf16, s->kv_slots, s->kv_stride,
                                               s->kv_lens, b, l->heads, l->kv_heads, d, 1.0f / sqrtf((float)d), attn,
                                               s->threads);
     if (failed) return failed;

@@ -1,0 +1,88 @@
+"""Where the quantized weights' two product paths cross: the integer kernels (``quant_gemm.c``, fp32
+rows, the weight streamed once per 4 rows) against the weight expanded to bf16 and torch's bf16 GEMM
+(``QuantizedWeight.many_rows``), at several row counts, on the projections of the default model and of
+a 1.7B one (SmolLM2-1.7B's shapes). Dense packed bf16 and fp32 products are printed beside them.
+``Int4Weight.max_kernel_rows`` / ``Int8Weight.max_kernel_rows`` are set from this.
+
+Run: python -m benchmarks.many_rows [--rows 1 8 16 32 64 512] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+
+from benchmarks.machine import cpu_flags, load_average, machine_info
+from minisgl.kernels.native import cpu_kernels
+from minisgl.layers.linear import Linear, pack_weights
+from minisgl.layers.quant import DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
+
+# (name, out, in): the fused projections of a layer, and the LM head.
+SHAPES = {
+    "135M": [("qkv", 960, 576), ("gate_up", 3072, 576), ("down", 576, 1536), ("lm_head", 49152, 576)],
+    "1.7B": [("qkv", 6144, 2048), ("gate_up", 16384, 2048), ("down", 2048, 8192), ("lm_head", 49152, 2048)],
+}
+
+
+def seconds(f: Callable[[], object], min_time: float = 0.3) -> float:
+    f()  # warm up: packed copies, first-touch of buffers
+    start, n = time.perf_counter(), 0
+    while (elapsed := time.perf_counter() - start) < min_time or n < 3:
+        f()
+        n += 1
+    return elapsed / n
+
+
+def dense_linear(w: torch.Tensor) -> Linear:
+    """minisgl's dense layer, its weight packed for oneDNN as the loader packs it."""
+    module = Linear(w.shape[1], w.shape[0])
+    module.weight = torch.nn.Parameter(w, requires_grad=False)
+    pack_weights(module)
+    return module
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 24, 32, 64, 128, 512])
+    parser.add_argument("--sizes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    kernels = cpu_kernels()
+    flags = cpu_flags()
+    print(f"# machine: {machine_info(torch.get_num_threads())['cpu']}, {torch.get_num_threads()} threads")
+    print(f"# code path: C kernels {'yes' if kernels else 'no (torch fallback)'}; AMX "
+          f"{'yes' if 'amx_bf16' in flags else 'no'}; AVX-512 BF16 {'yes' if 'avx512_bf16' in flags else 'no'}")
+    print(f"# load average at start: {load_average()}")
+    print("| size | weight | format | rows | kernel ms | many-row ms | dense bf16 ms | dense fp32 ms | faster |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        for size in args.sizes:
+            for name, n, k in SHAPES[size]:
+                w = torch.randn(n, k) * 0.02
+                quantized: list[tuple[str, QuantizedWeight]] = [("int4", Int4Weight.quantize(w))]
+                if name == "lm_head":
+                    quantized.append(("int8", Int8Weight.quantize(w)))
+                bf16, fp32 = dense_linear(w.bfloat16()), dense_linear(w.clone())
+                for fmt, q in quantized:
+                    q.buffer = DequantBuffer(min(n * k, 1 << 25))
+                    for rows in args.rows:
+                        x = torch.randn(rows, k)
+                        xb = x.bfloat16()
+                        t_kernel = seconds(lambda: q.kernel(x))
+                        t_many = seconds(lambda: q.many_rows(x))
+                        t_bf16 = seconds(lambda: bf16(xb))
+                        t_fp32 = seconds(lambda: fp32(x))
+                        faster = "kernel" if t_kernel < t_many else "many-row"
+                        print(f"| {size} | {name} | {fmt} | {rows} | {t_kernel * 1e3:.2f} | {t_many * 1e3:.2f} | "
+                              f"{t_bf16 * 1e3:.2f} | {t_fp32 * 1e3:.2f} | {faster} |", flush=True)
+    print(f"# load average at end: {load_average()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""A GGUF file's tensors under their Hugging Face names, read in place.
+
+The file is memory-mapped (``gguf.GGUFReader``): a tensor's bytes are read when a weight is built
+from them, and nothing is written anywhere. Each tensor keeps the file's blocks, split and reordered
+like the Hugging Face weights (stacked experts split, llama.cpp's q/k row permutation undone: both
+act on whole rows, so they apply to the rows of blocks as they do to the dequantized rows).
+
+Two ways to read one:
+- ``dense``: dequantized to fp32 with the ``gguf`` package's reference code.
+- ``int4``: for Q4_0 / Q4_1 / Q4_K, the file's own 4-bit codes, scale and minimum per group of 32 in
+  ``Int4Weight``'s layout, taken from the blocks without going through fp32 (exact; Q4_K's products
+  of two scales rounded to fp16).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from minisgl.layers.quant import INT4_BLOCK, INT4_GROUP, Int4Weight
+from minisgl.models.gguf_arch import GGUFArch, gguf_arch, hf_tensors
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
+
+# Formats whose values are exactly q * scale + minimum on groups of 32 with q in 0..15.
+INT4_EXACT = ("Q4_0", "Q4_1", "Q4_K")
+# 5 to 8 bits per weight: requantized to int8 with one scale per row (the int8 kernel's layout).
+INT8_NEAREST = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")
+
+
+def field(reader: GGUFReader, key: str, default: Any = None) -> Any:
+    value = reader.fields.get(key)
+    return default if value is None else value.contents()
+
+
+def open_gguf(path: Path) -> GGUFReader:
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(path)
+    except Exception as e:  # gguf raises assorted errors for truncated/corrupt files
+        raise ValueError(f"cannot read GGUF file {path}: {e}") from e
+
+
+class GGUFTensors:
+    """Every tensor of a GGUF file by Hugging Face name: its format, shape and blocks."""
+
+    def __init__(self, path: Path, reader: GGUFReader | None = None) -> None:
+        reader = reader if reader is not None else open_gguf(path)
+        arch_name = field(reader, "general.architecture")
+        self.arch: GGUFArch = gguf_arch(arch_name, path.name)
+        heads = field(reader, f"{arch_name}.attention.head_count")
+        # What hf_tensors needs to undo llama.cpp's q/k row permutation.
+        config = {
+            "num_attention_heads": heads,
+            "num_key_value_heads": field(reader, f"{arch_name}.attention.head_count_kv") or heads,
+        }
+        self.name = path.name
+        self._reader = reader  # owns the memory map the blocks are views of
+        self._tensors: dict[str, tuple[np.ndarray, Any, int]] = {}  # blocks, quantization type, columns
+        for tensor in reader.tensors:
+            columns = int(tensor.shape[0])  # GGUF lists dims innermost first
+            for name, blocks in hf_tensors(self.arch, config, tensor.name, np.asarray(tensor.data)):
+                self._tensors[name] = (blocks, tensor.tensor_type, columns)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._tensors
+
+    def names(self) -> list[str]:
+        return list(self._tensors)
+
+    def type_name(self, name: str) -> str:
+        return self._tensors[name][1].name
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        blocks, _, columns = self._tensors[name]
+        return (*blocks.shape[:-1], columns)
+
+    def dense(self, name: str) -> torch.Tensor:
+        """The tensor dequantized, fp32 (a copy: the file is never written through)."""
+        from gguf.quants import dequantize
+
+        blocks, kind, _ = self._tensors[name]
+        values = np.array(dequantize(blocks, kind), dtype=np.float32)  # copies when dequantize returns a view
+        return torch.from_numpy(values.reshape(self.shape(name)))
+
+    def int4(self, name: str) -> Int4Weight:
+        """The file's 4-bit codes and grid as an ``Int4Weight`` (Q4_0 / Q4_1 / Q4_K, a multiple of
+        64 columns)."""
+        blocks, kind, columns = self._tensors[name]
+        return int4_from_blocks(kind.name, blocks, columns, f"{self.name}: {name}")
+
+
+def int4_from_blocks(kind: str, blocks: np.ndarray, columns: int, what: str = "a tensor") -> Int4Weight:
+    """A [rows, columns] tensor stored as ``kind`` blocks (``blocks``: [rows, bytes]) as an ``Int4Weight``."""
+    if kind not in INT4_EXACT or columns % INT4_BLOCK or blocks.ndim != 2:
+        raise ValueError(f"{what} is {kind} with {columns} columns, not int4-exact ({', '.join(INT4_EXACT)})")
+    return _INT4_READERS[kind](blocks, columns)
+
+
+def _f16(blocks: np.ndarray, offset: int) -> np.ndarray:
+    return np.ascontiguousarray(blocks[..., offset : offset + 2]).view(np.float16)[..., 0]
+
+
+def _pair_interleaved(qs: np.ndarray) -> np.ndarray:
+    """Q4_0 / Q4_1 codes ([rows, blocks, 16] bytes: element j low, j + 16 high) in the kernel's layout.
+
+    The kernel's byte i of a 64-column block pairs column c low with c + 16 high within one group
+    of 32, as GGUF's blocks do, its 4-byte chunks alternating between the block's two groups
+    (``quant_gemm.c``): so the layout is the two blocks' bytes interleaved 4 at a time."""
+    rows, count, _ = qs.shape
+    words = np.ascontiguousarray(qs).view(np.uint32).reshape(rows, count // 2, 2, 4)
+    return np.ascontiguousarray(words.transpose(0, 1, 3, 2)).view(np.uint8).reshape(rows, count * 16)
+
+
+def _weight(codes: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> Int4Weight:
+    rows = codes.shape[0]
+    return Int4Weight(
+        torch.from_numpy(codes),
+        torch.from_numpy(np.ascontiguousarray(scale, dtype=np.float16).reshape(rows, -1)),
+        torch.from_numpy(np.ascontiguousarray(minimum, dtype=np.float16).reshape(rows, -1)),
+    )
+
+
+def _q4_0(blocks: np.ndarray, columns: int) -> Int4Weight:
+    b = blocks.reshape(blocks.shape[0], columns // INT4_GROUP, 18)  # fp16 d, 16 bytes: w = d * (q - 8)
+    d = _f16(b, 0)
+    return _weight(_pair_interleaved(b[..., 2:]), d, -8 * d.astype(np.float32))
+
+
+def _q4_1(blocks: np.ndarray, columns: int) -> Int4Weight:
+    b = blocks.reshape(blocks.shape[0], columns // INT4_GROUP, 20)  # fp16 d, fp16 m, 16 bytes: w = d * q + m
+    return _weight(_pair_interleaved(b[..., 4:]), _f16(b, 0), _f16(b, 2))
+
+
+def _q4_k(blocks: np.ndarray, columns: int) -> Int4Weight:
+    from gguf.quants import Q4_K
+
+    # 256 weights: fp16 d and dmin, 12 bytes of 6-bit scales and mins for 8 groups of 32, 128 bytes
+    # of codes, 32 bytes per 64 weights (element l low, l + 32 high): w = d * sc * q - dmin * m.
+    rows = blocks.shape[0]
+    b = blocks.reshape(-1, 144)
+    sc, m = Q4_K.get_scale_min(b[:, 4:16])
+    d, dmin = _f16(b, 0).astype(np.float32)[:, None], _f16(b, 2).astype(np.float32)[:, None]
+    qs = b[:, 16:].reshape(-1, 4, 1, 32)
+    codes = np.concatenate([qs & 0xF, qs >> 4], axis=2).reshape(rows, columns)
+    scale = (d * sc.astype(np.float32)).reshape(rows, -1)
+    minimum = (-dmin * m.astype(np.float32)).reshape(rows, -1)
+    return Int4Weight.from_codes(torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(minimum))
+
+
+_INT4_READERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}
