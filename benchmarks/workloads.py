@@ -18,7 +18,7 @@ from benchmarks.corpus import CHAT_MESSAGES, GUIDELINES, PERSONAS, QUESTIONS
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-WORKLOADS = ("shared-prefix", "multi-turn", "random", "single-stream")
+WORKLOADS = ("shared-prefix", "multi-turn", "random", "single-stream", "long-prompt")
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,9 @@ class Sizes:
     single_prompts: int = 4
     single_len: int = 64
     single_output_len: int = 128
+    long_prompts: int = 2
+    long_len: int = 2000
+    long_output_len: int = 8
 
 
 class TokenSource(Protocol):
@@ -166,6 +169,13 @@ def single_stream(src: TokenSource, rng: random.Random, s: Sizes) -> Workload:
     return Workload("single-stream", rounds, s.single_output_len, max_concurrency=1)
 
 
+def long_prompt(src: TokenSource, rng: random.Random, s: Sizes) -> Workload:
+    """Prefill speed: ``long_prompts`` unrelated prompts of ``long_len`` tokens, one at a time, a few
+    tokens out each (time to first token is the prompt's prefill)."""
+    rounds = [[Turn(i, src.take(rng.sample(GUIDELINES, len(GUIDELINES)), s.long_len))] for i in range(s.long_prompts)]
+    return Workload("long-prompt", rounds, s.long_output_len, max_concurrency=1)
+
+
 def build(
     names: Sequence[str], tokenizer: PreTrainedTokenizerBase, sizes: Sizes, seed: int, token_source: str = "text"
 ) -> list[Workload]:
@@ -182,6 +192,8 @@ def build(
             workloads.append(random_prompts(tokenizer, rng, sizes))
         elif name == "single-stream":
             workloads.append(single_stream(src, rng, sizes))
+        elif name == "long-prompt":
+            workloads.append(long_prompt(src, rng, sizes))
         else:
             raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
     return workloads

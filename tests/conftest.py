@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from minisgl import LLM
+from minisgl.kernels.native import cpu_paths
 from minisgl.models.gguf import default_model_path
 
 
@@ -60,3 +61,10 @@ def hf_greedy(model: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int
         pad_token_id=0,
     )
     return out[0, len(prompt_ids) :].tolist()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Which CPU paths this host ran (the C kernels, oneDNN's bf16 instructions): the tests of each
+    path run where the host can execute it and skip, saying why, where it cannot."""
+    for path, code in cpu_paths().items():
+        terminalreporter.write_line(f"minisgl quantized products, {path}: {code}")

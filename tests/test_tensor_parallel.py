@@ -163,6 +163,33 @@ def test_tiny_qwen3_moe_tp2_matches_tp1(tmp_path: Path) -> None:
         llm.shutdown()
 
 
+def test_quantized_gguf_tp2_matches_tp1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rank builds its share of the file's int4 weights from the blocks: column shards take rows,
+    row shards whole 64-column blocks (qwen3's o_proj and down_proj: 128 columns, 64 a rank). Passes
+    of at most 16 rows keep every product on the int4 kernels, whose per-group rounding of the input
+    is the same on a shard, so the ranks' sums differ from one rank's only in their order."""
+    import gguf
+    from gguf_writer import train_bpe, write_gguf
+
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    folder = build_tiny_model("qwen3", tmp_path / "qwen3", num_attention_heads=4, head_dim=32)
+    train_bpe("qwen2", VOCAB - 100).save_pretrained(folder)
+    path = write_gguf(folder, tmp_path / "q4_0.gguf", "qwen2", qtype=gguf.GGMLQuantizationType.Q4_0)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (1, 9, 40)]
+    options: dict[str, Any] = {"num_page_override": 512, "max_prefill_tokens": 16, "device": "cpu", "kv_dtype": "float32"}
+    ref_llm = LLM(str(path), **options)
+    assert all(m.quantized is not None for m in ref_llm.scheduler.engine.model.modules() if hasattr(m, "quantized"))
+    reference = tokens(ref_llm, prompts)
+    ref_llm.shutdown()
+    llm = call_with_limit(lambda: LLM(str(path), tp_size=2, **options))
+    try:
+        assert call_with_limit(lambda: tokens(llm, prompts)) == reference
+        assert_ranks_agree(llm, kv_heads=[1, 1])
+    finally:
+        llm.shutdown()
+
+
 @pytest.mark.parametrize("when", ["idle", "mid-generation"])
 def test_killed_rank_raises_instead_of_hanging(tiny_qwen3: Path, when: str) -> None:
     llm = call_with_limit(lambda: LLM(str(tiny_qwen3), tp_size=2, num_page_override=2048, device="cpu"))

@@ -15,6 +15,7 @@ from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.batch import Batch
 from minisgl.config import EngineConfig
 from minisgl.distributed.sharding import max_kv_heads
+from minisgl.kernels.native import cpu_paths
 from minisgl.kvcache.pool import KVPool
 from minisgl.kvcache.table import TableManager
 from minisgl.layers.quant import QuantizedWeight
@@ -71,6 +72,8 @@ class Engine:
             "memory: weights %.1f MiB, KV pool %.1f MiB, dequantization buffer %.1f MiB",
             *(self.memory[part] / 2**20 for part in ("weights", "kv_pool", "dequant_buffer")),
         )
+        if quantized and self.device.type == "cpu":
+            logger.info("quantized products: %s", "; ".join(f"{k}: {v}" for k, v in cpu_paths().items()))
 
     @torch.inference_mode()
     def run_model(self, batch: Batch) -> torch.Tensor:

@@ -301,3 +301,17 @@ def cpu_kernels() -> CpuKernels | None:
     except OSError as e:
         logger.warning("C kernels unavailable, torch's kernels run instead: %s", e)
         return None
+
+
+def cpu_paths() -> dict[str, str]:
+    """Which code runs the quantized products on this host, in words (the start-up log, the test
+    suite's header): the few-row kernels, and the instructions oneDNN's bf16 GEMM can use for the
+    many-row ones (it asks the kernel for AMX tiles itself, ``arch_prctl(ARCH_REQ_XCOMP_PERM)``)."""
+    kernels = "minisgl C kernels (AVX-512 VNNI)" if cpu_kernels() is not None else "torch's int4/int8 kernels"
+    if torch.cpu._is_amx_tile_supported():
+        gemm = "AMX-BF16"
+    elif torch.cpu._is_avx512_bf16_supported():
+        gemm = "AVX-512 BF16"
+    else:
+        gemm = torch.backends.cpu.get_cpu_capability()
+    return {"few rows": kernels, "many rows": f"bf16 expansion + oneDNN bf16 GEMM ({gemm})"}

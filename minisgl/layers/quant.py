@@ -98,7 +98,7 @@ class QuantizedWeight(nn.Module):
     def many_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """[rows, in] → [rows, out] bf16: the weight expanded to bf16 band by band, then bf16 GEMM."""
         n, k = self.out_features, self.in_features
-        buffer = self.buffer if self.buffer is not None else DequantBuffer(n * k)
+        buffer = self.buffer if self.buffer is not None else DequantBuffer(n * k)  # a weight on its own
         band = min(n, buffer.data.numel() // k)
         if band < 1:
             raise ValueError(f"dequantization buffer of {buffer.data.numel()} elements holds no row of {k}")
@@ -123,11 +123,7 @@ class QuantizedWeight(nn.Module):
         raise NotImplementedError
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return self.lookup(torch.arange(self.out_features)).to(dtype)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.buffers())
+        return self.lookup(slice(None)).to(dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
@@ -179,7 +175,8 @@ class Int4Weight(QuantizedWeight):
         return cls.from_groups(w, *rtn_groups(w))
 
     def rows(self, start: int, end: int) -> Int4Weight:
-        return Int4Weight(self.codes[start:end], self.scale[start:end], self.minimum[start:end])
+        """Output rows ``start .. end``, copied (a view would keep the whole weight alive)."""
+        return Int4Weight(self.codes[start:end].clone(), self.scale[start:end].clone(), self.minimum[start:end].clone())
 
     def columns(self, start: int, end: int) -> Int4Weight:
         """Input columns ``start .. end``: whole 64-column blocks of the kernel's layout."""

@@ -110,7 +110,7 @@ def _convert_into(gguf_path: Path, out: Path) -> None:
     arch_name = field(reader, "general.architecture")
     arch = gguf_arch(arch_name, gguf_path.name)
     config = _build_config(reader, arch_name, arch)
-    tensors = GGUFTensors(gguf_path, reader)
+    tensors = GGUFTensors(gguf_path)
     check_tensors(arch, config, {name: tensors.shape(name) for name in tensors.names()}, gguf_path.name)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     _write_tokenizer(gguf_path, reader, config["max_position_embeddings"], out)

@@ -1,6 +1,7 @@
 """A GGUF file's tensors under their Hugging Face names, read in place.
 
-The file is memory-mapped (``gguf.GGUFReader``): a tensor's bytes are read when a weight is built
+The file is memory-mapped and its header parsed here (``gguf.GGUFReader`` parses every token of the
+vocabulary into arrays, seconds at start-up): a tensor's bytes are read when a weight is built
 from them, and nothing is written anywhere. Each tensor keeps the file's blocks, split and reordered
 like the Hugging Face weights (stacked experts split, llama.cpp's q/k row permutation undone: both
 act on whole rows, so they apply to the rows of blocks as they do to the dequantized rows).
@@ -14,6 +15,7 @@ Two ways to read one:
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +40,8 @@ def field(reader: GGUFReader, key: str, default: Any = None) -> Any:
 
 
 def open_gguf(path: Path) -> GGUFReader:
+    """The ``gguf`` package's reader, every field parsed (the tokenizer's too: seconds for a large
+    vocabulary), for writing the config-and-tokenizer folder once."""
     from gguf import GGUFReader
 
     try:
@@ -46,26 +50,111 @@ def open_gguf(path: Path) -> GGUFReader:
         raise ValueError(f"cannot read GGUF file {path}: {e}") from e
 
 
+# Value types of GGUF metadata (the spec's numbering): fixed-size scalars by struct format, then
+# 8 string (uint64 length, bytes) and 9 array (uint32 item type, uint64 count, items).
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+_NUMPY = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int64}
+
+
+class _Cursor:
+    """Little-endian reads from a byte buffer."""
+
+    def __init__(self, data: memoryview) -> None:
+        self.data, self.at = data, 0
+
+    def scalar(self, fmt: str) -> Any:
+        (value,) = struct.unpack_from("<" + fmt, self.data, self.at)
+        self.at += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        n = self.scalar("Q")
+        self.at += n
+        return bytes(self.data[self.at - n : self.at]).decode("utf-8")
+
+    def value(self, kind: int) -> Any:
+        """A metadata value; an array of strings is skipped (None): the tokenizer's, which only the
+        folder's one-time build reads, with the ``gguf`` package."""
+        if kind in _SCALARS:
+            return self.scalar(_SCALARS[kind])
+        if kind == _STRING:
+            return self.string()
+        if kind != _ARRAY:
+            raise ValueError(f"unknown GGUF value type {kind}")
+        item, count = self.scalar("I"), self.scalar("Q")
+        if item in _SCALARS:
+            fmt = _SCALARS[item]
+            size = struct.calcsize(fmt)
+            values = list(struct.unpack_from(f"<{count}{fmt}", self.data, self.at))
+            self.at += count * size
+            return values
+        for _ in range(count):
+            self.value(item)
+        return None
+
+
+def _read_gguf(path: Path) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], Any, np.ndarray]]]:
+    """A GGUF file's metadata and tensors (name, GGUF dims innermost first, type, data memory-mapped
+    with the ``gguf`` package's array shapes: blocks as [..., rows, bytes]), parsed directly: the
+    ``gguf`` reader builds an array for every token of the vocabulary, seconds at start-up."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        data = np.memmap(path, dtype=np.uint8, mode="r")
+        cursor = _Cursor(memoryview(data))
+        if bytes(data[:4]) != b"GGUF":
+            raise ValueError(f"magic {bytes(data[:4])!r}, expected b'GGUF'")
+        cursor.at = 4
+        version, n_tensors, n_fields = cursor.scalar("I"), cursor.scalar("Q"), cursor.scalar("Q")
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is not supported (2 or later)")
+        fields: dict[str, Any] = {}
+        for _ in range(n_fields):
+            key = cursor.string()
+            fields[key] = cursor.value(cursor.scalar("I"))
+        infos = []
+        for _ in range(n_tensors):
+            name = cursor.string()
+            dims = tuple(cursor.scalar("Q") for _ in range(cursor.scalar("I")))
+            infos.append((name, dims, GGMLQuantizationType(cursor.scalar("I")), cursor.scalar("Q")))
+        alignment = fields.get("general.alignment", 32)
+        start = (cursor.at + alignment - 1) // alignment * alignment
+        tensors = []
+        for name, dims, kind, offset in infos:
+            block, size = GGML_QUANT_SIZES[kind]
+            shape = tuple(reversed(dims))
+            count = int(np.prod(dims))
+            if kind.name in _NUMPY:
+                dtype = np.dtype(_NUMPY[kind.name])
+                array = data[start + offset : start + offset + count * dtype.itemsize].view(dtype).reshape(shape)
+            else:
+                row = dims[0] // block * size
+                array = data[start + offset : start + offset + count // block * size].reshape(*shape[:-1], row)
+            tensors.append((name, dims, kind, array))
+    except (ValueError, struct.error, KeyError) as e:
+        raise ValueError(f"cannot read GGUF file {path}: {e}") from e
+    return fields, tensors
+
+
 class GGUFTensors:
     """Every tensor of a GGUF file by Hugging Face name: its format, shape and blocks."""
 
-    def __init__(self, path: Path, reader: GGUFReader | None = None) -> None:
-        reader = reader if reader is not None else open_gguf(path)
-        arch_name = field(reader, "general.architecture")
+    def __init__(self, path: Path) -> None:
+        fields, tensors = _read_gguf(path)
+        arch_name = fields.get("general.architecture")
         self.arch: GGUFArch = gguf_arch(arch_name, path.name)
-        heads = field(reader, f"{arch_name}.attention.head_count")
+        heads = fields.get(f"{arch_name}.attention.head_count")
         # What hf_tensors needs to undo llama.cpp's q/k row permutation.
         config = {
             "num_attention_heads": heads,
-            "num_key_value_heads": field(reader, f"{arch_name}.attention.head_count_kv") or heads,
+            "num_key_value_heads": fields.get(f"{arch_name}.attention.head_count_kv") or heads,
         }
         self.name = path.name
-        self._reader = reader  # owns the memory map the blocks are views of
         self._tensors: dict[str, tuple[np.ndarray, Any, int]] = {}  # blocks, quantization type, columns
-        for tensor in reader.tensors:
-            columns = int(tensor.shape[0])  # GGUF lists dims innermost first
-            for name, blocks in hf_tensors(self.arch, config, tensor.name, np.asarray(tensor.data)):
-                self._tensors[name] = (blocks, tensor.tensor_type, columns)
+        for gguf_name, dims, kind, data in tensors:
+            for name, blocks in hf_tensors(self.arch, config, gguf_name, data):
+                self._tensors[name] = (blocks, kind, int(dims[0]))
 
     def __contains__(self, name: str) -> bool:
         return name in self._tensors

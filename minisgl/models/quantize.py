@@ -145,7 +145,7 @@ def apply_quantization(
     """Install the planned weights: on the CPU the quantized kernels run; elsewhere (no kernel is
     wired for CUDA yet) the module gets a dense copy of the same quantized values. On the CPU the
     weights share one ``DequantBuffer`` for their many-row products."""
-    buffer = _shared_buffer(specs, plan) if device.type == "cpu" and plan else None
+    buffer = _shared_buffer(plan) if device.type == "cpu" and plan else None
     for spec in specs:
         weight = plan.get(spec.name)
         if weight is None:
@@ -161,7 +161,7 @@ def apply_quantization(
             module.quantize(weight)
 
 
-def _shared_buffer(specs: list[WeightSpec], plan: dict[str, QuantizedWeight]) -> DequantBuffer:
+def _shared_buffer(plan: dict[str, QuantizedWeight]) -> DequantBuffer:
     """Room for the largest weight inside the decoder layers (up to ``DEQUANT_BUFFER_ELEMENTS``):
     larger ones, and the vocabulary-sized LM head, run band by band."""
     layer_weights = [w for name, w in plan.items() if name.startswith("model.layers.")] or list(plan.values())
