@@ -32,7 +32,10 @@ def _names(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     p.add_argument(
-        "--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct GGUF)"
+        "--model",
+        default=None,
+        help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct GGUF), or scale-1.7b: random weights "
+        "in SmolLM2-1.7B's shape as a Q4_1 GGUF, written on first use (benchmarks/scale_model.py)",
     )
     p.add_argument(
         "--workloads", type=_names(WORKLOADS), default=list(WORKLOADS), help="comma-separated: " + ",".join(WORKLOADS)

@@ -21,6 +21,20 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (the ``flags`` line of ``cpuinfo``, the text of
+    /proc/cpuinfo, read when not given); empty where there is no such file."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return frozenset()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -91,6 +105,32 @@ def _tree_cpu_seconds(root: int) -> float:
         frontier += [child for child, f in stats.items() if int(f[1]) == pid and child not in tree]
     ticks = sum(int(x) for pid in tree if pid in stats for x in stats[pid][11:15])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def tree_peak_rss(root: int) -> int | None:
+    """Bytes: the sum of the peak resident sets (VmHWM) of a live process and its live descendants
+    (Linux /proc; None elsewhere). Each peak is its own process's, so the sum bounds the tree's peak."""
+    parents: dict[int, int] = {}
+    peaks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue  # exited while we looked
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        parents[int(entry.name)] = int(fields.get("PPid", "0").strip() or 0)
+        if "VmHWM" in fields:
+            peaks[int(entry.name)] = int(fields["VmHWM"].split()[0]) * 1024
+    if root not in parents:
+        return None
+    tree, frontier = set(), [root]
+    while frontier:
+        pid = frontier.pop()
+        tree.add(pid)
+        frontier += [child for child, parent in parents.items() if parent == pid and child not in tree]
+    return sum(peaks.get(pid, 0) for pid in tree)
 
 
 class OtherLoad:

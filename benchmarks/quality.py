@@ -8,12 +8,14 @@ Run: python -m benchmarks.quality [--max-tokens 32] [--out docs/benchmarks/quali
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.corpus import GUIDELINES, PERSONAS, QUESTIONS
+from benchmarks.peers.amx import load_llama
 from minisgl import LLM, SamplingParams
 from minisgl.models.gguf import default_model_path
 from minisgl.models.perplexity import perplexity
@@ -25,11 +27,9 @@ MODES = (("none", "float32"), ("auto", "float32"), ("int8", "float32"), ("int4",
 
 def llama_cpp_perplexity(gguf: Path, token_ids: list[int]) -> float | None:
     """llama.cpp's perplexity of the same token ids, or None without llama-cpp-python."""
-    try:
-        from llama_cpp import Llama
-    except ImportError:
+    if importlib.util.find_spec("llama_cpp") is None:
         return None
-    llm = Llama(str(gguf), n_ctx=len(token_ids) + 8, logits_all=True, n_threads=2, verbose=False)
+    llm = load_llama(str(gguf), n_ctx=len(token_ids) + 8, logits_all=True, n_threads=2, verbose=False)
     llm.eval(token_ids)
     logits = np.asarray(llm.scores[: len(token_ids) - 1], dtype=np.float64)
     logits -= logits.max(axis=1, keepdims=True)

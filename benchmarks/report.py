@@ -178,6 +178,19 @@ def markdown(report: dict[str, Any], figures: list[str]) -> str:
                     ]
                 )
         lines += _table(header, rows) + [""]
+    servers: dict[str, dict[str, Any]] = {}
+    for r in online:
+        if "ready_s" in r["extra"]:
+            seen = servers.setdefault(r["system"], {"ready_s": r["extra"]["ready_s"], "rss": 0})
+            seen["rss"] = max(seen["rss"], r["extra"]["server_peak_rss_bytes"] or 0)
+    if servers:
+        lines += [
+            "## Servers (*ready*: start to healthy plus the warm-up requests; *peak memory*: the highest resident "
+            "set of each of the server's processes, summed, over the whole run)",
+            "",
+        ]
+        rows = [[name, _num(s["ready_s"]), _num(s["rss"] / 2**30, 2)] for name, s in servers.items()]
+        lines += _table(["system", "ready (s)", "peak memory (GiB)"], rows) + [""]
     if report["skipped"]:
         lines += (
             ["## Not run", ""] + [f"- {s['system']} ({s['mode']}): {s['reason']}" for s in report["skipped"]] + [""]

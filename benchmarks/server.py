@@ -20,6 +20,7 @@ from typing import Self
 
 import httpx
 
+from benchmarks.child import exit_description
 from benchmarks.client import warm_up
 
 STARTUP_TIMEOUT_S = 600.0  # a first start may convert the GGUF; on a loaded 2-core box that is minutes
@@ -96,7 +97,7 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    f"server exited with {self.process.returncode}; log: {self.log.name}\n{self.log_tail()}"
+                    f"server {exit_description(self.process.returncode)}; log: {self.log.name}\n{self.log_tail()}"
                 )
             try:
                 if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:

@@ -15,13 +15,16 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from benchmarks import online as online_runner
-from benchmarks.machine import OtherLoad, load_average, machine_info
+from benchmarks.dense_folder import dense_folder
+from benchmarks.machine import OtherLoad, load_average, machine_info, tree_peak_rss
 from benchmarks.metrics import agreement
 from benchmarks.offline import run_offline, warm_up
 from benchmarks.online_systems import Factory, online_systems
 from benchmarks.plots import draw_all
 from benchmarks.report import markdown, plain, write_json
 from benchmarks.results import RunResult
+from benchmarks.scale_model import DEFAULT_PATH as SCALE_MODEL_PATH
+from benchmarks.scale_model import write_scale_model
 from benchmarks.server import server_available
 from benchmarks.systems import SystemOptions, Unavailable, make_system
 from benchmarks.workloads import Sizes, Workload, build
@@ -29,14 +32,19 @@ from minisgl.models.gguf import default_model_path
 from minisgl.models.loader import resolve_model_path
 
 logger = logging.getLogger("benchmarks")
+SCALE_MODEL = "scale-1.7b"  # --model: the random-weight 1.7B GGUF (benchmarks/scale_model.py), written on first use
+
+
+def _gguf_of(model: str | None) -> Path | None:
+    """The GGUF file a run's model is (None: the default model's), or None for a folder."""
+    return default_model_path() if model is None else Path(model) if model.endswith(".gguf") else None
 
 
 def _options(args: argparse.Namespace, hf_folder: Path, workloads: list[Workload]) -> SystemOptions:
-    gguf = default_model_path() if args.model is None else Path(args.model) if args.model.endswith(".gguf") else None
     return SystemOptions(
         model=args.model,
         hf_folder=hf_folder,
-        gguf=gguf,
+        gguf=_gguf_of(args.model),
         threads=args.threads,
         dtype=args.dtype,
         device=args.device,
@@ -80,7 +88,9 @@ def _run_online(
     name: str, factory: Factory, args: argparse.Namespace, workloads: list[Workload], tokenizer: Any
 ) -> list[RunResult]:
     logger.info("online: starting %s", name)
+    start = time.perf_counter()
     with factory() as system:
+        ready_s = time.perf_counter() - start  # to healthy, plus the warm-up requests
         runs = []
         for w in workloads:
             url = system.fresh()  # before OtherLoad: llama-server restarts, so its pid changes here
@@ -88,6 +98,8 @@ def _run_online(
             runs.append(
                 online_runner.run_online(system, url, w, tokenizer, args.request_rate, args.max_concurrency, args.seed)
             )
+            # The server's processes as they stand after the workload (their peaks so far).
+            runs[-1].extra |= {"ready_s": ready_s, "server_peak_rss_bytes": tree_peak_rss(system.pid)}
             runs[-1].others_cpu_s = others.core_seconds()
             _log(runs[-1])
         return runs
@@ -105,7 +117,12 @@ def _annotate_agreement(runs: list[RunResult], reference: str) -> None:
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     started, load_start, others = time.perf_counter(), load_average(), OtherLoad()
     sizes = Sizes(**{f.name: getattr(args, f.name) for f in fields(Sizes)})
+    if args.model == SCALE_MODEL:
+        args.model = str(write_scale_model(SCALE_MODEL_PATH))
     hf_folder = resolve_model_path(args.model)
+    gguf = _gguf_of(args.model)
+    if gguf is not None and ({"hf", "hf-batch"} & set(args.systems) or "vllm" in args.peers):
+        hf_folder = dense_folder(gguf)  # those peers load weights from a folder only
     tokenizer = AutoTokenizer.from_pretrained(str(hf_folder))
     workloads = build(args.workloads, tokenizer, sizes, args.seed, args.token_source)
     opts = _options(args, hf_folder, workloads)

@@ -10,6 +10,7 @@ positions ``prefix_lens[i] ..`` whose KV the page table's row ``table_rows[i]`` 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Protocol
 
 import torch
@@ -17,9 +18,17 @@ import torch
 from minisgl.sampling import SamplingRows
 
 
+class AttentionKind(Enum):
+    """The shape of a pass's attention, from which a backend picks its strategy. It says nothing of
+    what the pass is booked as: a decode pass after a jump-forward is ``EXTEND``."""
+
+    EXTEND = 0  # some request adds several tokens, or is not sampled: causal attention over them
+    DECODE = 1  # every request adds one token and is sampled: one query row per request
+
+
 @dataclass(frozen=True)
 class Batch:
-    is_prefill: bool  # False: a decode pass, every request adds one token and is sampled
+    attention: AttentionKind
     input_ids: torch.Tensor  # [tokens] on the device
     positions: torch.Tensor  # [tokens] on the device
     out_slots: torch.Tensor  # [tokens] KV slots the new tokens' K/V are written to, on the device

@@ -56,6 +56,8 @@ class LLM:
             self.scheduler.make_request(next(self._rids), self.encode(p), sp, cache_salt)
             for p, sp in zip(prompts, params)
         ]
+        for req in reqs:  # their compiles run together; nothing else runs meanwhile
+            self.scheduler.wait_for_grammar(req)
         for req in reqs:
             self.scheduler.add(req)
         with tqdm(total=len(reqs), desc="generate", disable=not use_tqdm) as bar:

@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minisgl.constrained.compiler import PendingGrammar
 from minisgl.constrained.matcher import GrammarMatcher
 from minisgl.kvcache.base import CacheHandle
-from minisgl.sampling import SamplingParams
+from minisgl.sampling import RequestRejected, SamplingParams
 from minisgl.text.detokenizer import IncrementalDetokenizer
 
 
@@ -29,6 +30,7 @@ class Req:
     prompt_len: int = field(init=False)
     generator: torch.Generator | None = None
     grammar: GrammarMatcher | None = None  # what the output must match, advanced token by token
+    pending_grammar: PendingGrammar | None = None  # compiling off the loop: not admitted until it is done
     row: int = -1  # page-table row while admitted
     handle: CacheHandle | None = None
     cached_len: int = 0
@@ -37,7 +39,8 @@ class Req:
     cached_prompt_tokens: int = 0  # prompt tokens reused from the cache (reported to the user)
     finish_reason: str | None = None
     stop_text: IncrementalDetokenizer | None = None  # the output's text, to find stop strings (if any)
-    error: str | None = None  # why it failed, when finish_reason is "error"
+    error: str | None = None  # why it failed, when finish_reason is "error" (or "rejected")
+    rejection: RequestRejected | None = None  # finish_reason "rejected": its grammar did not compile
 
     def __post_init__(self) -> None:
         self.prompt_len = len(self.token_ids)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import torch
@@ -22,6 +23,25 @@ MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
+
+
+class RejectionCode(str, Enum):
+    """Why the engine will not run a request: the API's ``error.code`` (every rejection is a 400)."""
+
+    INVALID_VALUE = "invalid_value"  # a sampling parameter is out of its range; ``param`` names it
+    INVALID_PROMPT = "invalid_prompt"  # empty, or token ids outside the vocabulary
+    INVALID_GRAMMAR = "invalid_grammar"  # json_schema / regex / ebnf malformed, unsupported or several
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # the prompt (+ max_tokens) does not fit the context
+    KV_CAPACITY_EXCEEDED = "kv_capacity_exceeded"  # the request needs more KV slots than the pool has
+
+
+class RequestRejected(ValueError):
+    """Bad input, refused before anything is allocated. ``param``: the ``SamplingParams`` field at
+    fault (None: the request as a whole). Carried as fields to the API's error, never parsed from text."""
+
+    def __init__(self, message: str, code: RejectionCode, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.code, self.param = message, code, param
 
 
 @dataclass
@@ -52,40 +72,53 @@ class SamplingParams:
     @property
     def grammar(self) -> GrammarSpec | None:
         """The grammar the output must match; ``ValueError`` if several are set."""
+        return GrammarSpec.from_fields(**self._grammar_fields)
+
+    @property
+    def _grammar_fields(self) -> dict[str, str | None]:
         assert not isinstance(self.json_schema, dict), "normalized to text on construction"
-        return GrammarSpec.from_fields(self.json_schema, self.regex, self.ebnf)
+        return {"json_schema": self.json_schema, "regex": self.regex, "ebnf": self.ebnf}
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     def validate(self, vocab_size: int) -> None:
-        """Raise ``ValueError`` naming the first bad field."""
+        """Raise ``RequestRejected`` naming the first bad field."""
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+            raise _invalid("max_tokens", f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if not _is_real(self.temperature) or not 0.0 <= self.temperature <= MAX_TEMPERATURE:
-            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature!r}")
+            raise _invalid("temperature", f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature!r}")
         if not _is_int(self.top_k) or (self.top_k != -1 and not 1 <= self.top_k <= vocab_size):
-            raise ValueError(f"top_k must be -1 or in [1, {vocab_size}], got {self.top_k!r}")
+            raise _invalid("top_k", f"top_k must be -1 or in [1, {vocab_size}], got {self.top_k!r}")
         if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise _invalid("top_p", f"top_p must be in (0, 1], got {self.top_p!r}")
         if not _is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+            raise _invalid("min_p", f"min_p must be in [0, 1], got {self.min_p!r}")
         if len(self.stop) > MAX_STOP_STRINGS:
-            raise ValueError(f"stop may hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
+            raise _invalid("stop", f"stop may hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+            raise _invalid("stop", f"stop must be non-empty strings, got {self.stop!r}")
         if any(len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
-            raise ValueError(f"stop strings may be at most {MAX_STOP_STRING_CHARS} characters long")
+            raise _invalid("stop", f"stop strings may be at most {MAX_STOP_STRING_CHARS} characters long")
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
-            raise ValueError(
-                f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}"
-            )
+            message = f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}"
+            raise _invalid("stop_token_ids", message)
         if any(not _is_int(t) or not 0 <= t < vocab_size for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be token ids in [0, {vocab_size}), got {self.stop_token_ids!r}")
+            message = f"stop_token_ids must be token ids in [0, {vocab_size}), got {self.stop_token_ids!r}"
+            raise _invalid("stop_token_ids", message)
         if self.seed is not None and (not _is_int(self.seed) or not MIN_SEED <= self.seed <= MAX_SEED):
-            raise ValueError(f"seed must be an integer in [{MIN_SEED}, {MAX_SEED}], got {self.seed!r}")
-        _ = self.grammar  # raises if several are set; the scheduler compiles (and checks) it
+            raise _invalid("seed", f"seed must be an integer in [{MIN_SEED}, {MAX_SEED}], got {self.seed!r}")
+        try:
+            _ = self.grammar  # the scheduler compiles (and checks) it
+        except ValueError as e:
+            given = [name for name, source in self._grammar_fields.items() if source is not None]
+            param = given[0] if len(given) == 1 else None  # several given: the request as a whole
+            raise RequestRejected(str(e), RejectionCode.INVALID_GRAMMAR, param) from None
+
+
+def _invalid(param: str, message: str) -> RequestRejected:
+    return RequestRejected(message, RejectionCode.INVALID_VALUE, param)
 
 
 def _is_int(value: object) -> bool:

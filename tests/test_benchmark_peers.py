@@ -1,16 +1,69 @@
-"""The peers' and minisgl variants' server commands, built without starting anything (peers never run
-in the suite): each follows the configuration docs/benchmarks/README.md documents."""
+"""The peers' and minisgl variants' server commands, built without starting anything: each follows
+the configuration docs/benchmarks/README.md documents. The setup's checks run against fake peers
+(small Python scripts that answer or die like llama.cpp's AMX kernel), the AMX rule against the real
+llama-cpp-python where it is installed; whatever loads a peer runs it in a child process, so a peer
+that crashes fails its test with its message, never the whole run."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import logging
+import os
+import resource
+import signal
+import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks.child import ChildFailed, call_in_child, run_child
 from benchmarks.cli import parser
+from benchmarks.machine import cpu_flags
 from benchmarks.online_systems import online_systems, parse_serve
+from benchmarks.peers import amx
 from benchmarks.systems import SystemOptions, Unavailable
+
+AMX_CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx512f avx512_vnni amx_bf16 amx_tile amx_int8\nbugs\t\t:\n"
+EPYC_CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx512f avx512_vnni avx512_bf16\nbugs\t\t:\n"
+
+# Stands in for llama-server: healthy at /health, streams max_tokens chunks at /v1/completions; with
+# FAULTS it dies of SIGILL on its first completion unless started with --no-repack, as llama.cpp's
+# AMX kernel does.
+FAKE_LLAMA_SERVER = """
+import json, os, resource, signal, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+FAULTS = {faults}
+port = int(sys.argv[sys.argv.index("--port") + 1])
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if FAULTS and "--no-repack" not in sys.argv:
+            print("in tinygemm_kernel_amx", file=sys.stderr, flush=True)
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            os.kill(os.getpid(), signal.SIGILL)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for _ in range(body["max_tokens"]):
+            self.wfile.write(b'data: {{"choices": [{{"text": " x"}}]}}\\n\\n')
+        usage = {{"prompt_tokens": 5, "completion_tokens": body["max_tokens"]}}
+        self.wfile.write(("data: " + json.dumps({{"choices": [], "usage": usage}}) + "\\n\\n").encode())
+        self.wfile.write(b"data: [DONE]\\n\\n")
+
+    def log_message(self, *args):
+        pass
+
+
+HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
 
 
 def _options(gguf: Path | None) -> SystemOptions:
@@ -27,9 +80,22 @@ def installed_peers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def test_llama_server_gets_a_context_per_slot_and_the_run_threads(installed_peers: Path) -> None:
+def _cpu(monkeypatch: pytest.MonkeyPatch, cpuinfo: str) -> None:
+    """This process sees a CPU with ``cpuinfo``'s flags."""
+    monkeypatch.setattr(amx, "cpu_flags", lambda: cpu_flags(cpuinfo))
+
+
+def _write_fake_llama_server(binary: Path, faults: bool) -> None:
+    binary.write_text(f"#!{sys.executable}\n" + FAKE_LLAMA_SERVER.format(faults=faults))
+    binary.chmod(0o755)
+
+
+def test_llama_server_gets_a_context_per_slot_and_the_run_threads(
+    installed_peers: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from benchmarks.peers.llama_server import LlamaServer
 
+    _cpu(monkeypatch, EPYC_CPUINFO)
     server = LlamaServer(4, _options(Path("/models/m.gguf")))
     cmd = server._command(8080)
     assert cmd[0] == str(installed_peers / "llama-server") and server.name == "llama-server-np4"
@@ -82,3 +148,108 @@ def test_minisgl_variants_come_from_serve_flags() -> None:
     assert cmd[cmd.index("--num-threads") + 1] == "2"
     naive = systems["minisgl-naive"].server.command_for_port(9000)  # type: ignore[attr-defined]
     assert naive[naive.index("--cache-type") + 1] == "naive"
+
+
+
+def test_amx_cpus_run_llama_cpp_without_its_extra_buffer_types(
+    installed_peers: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks.peers.llama_server import LlamaServer
+
+    assert {"amx_tile", "amx_int8", "amx_bf16"} <= cpu_flags(AMX_CPUINFO)
+    _cpu(monkeypatch, AMX_CPUINFO)
+    assert amx.host_amx_flags() == ["amx_tile", "amx_int8", "amx_bf16"]
+    assert LlamaServer(1, _options(Path("m.gguf")))._command(8080)[-1] == "--no-repack"
+    assert amx.llama_model_params() == {"use_extra_bufts": False}
+    assert "amx_tile" in amx.rule_note() and "--no-repack" in amx.rule_note()
+    _cpu(monkeypatch, EPYC_CPUINFO)
+    assert "--no-repack" not in LlamaServer(1, _options(Path("m.gguf")))._command(8080)
+    assert amx.llama_model_params() == {} and "no AMX" in amx.rule_note()
+
+
+def _fault_like_a_peer() -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file left behind
+    print("repacking weights into the AMX buffer", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGILL)
+
+
+def test_a_child_that_dies_of_sigill_fails_the_call_with_its_message() -> None:
+    with pytest.raises(ChildFailed, match="killed by SIGILL") as failed:
+        call_in_child(_fault_like_a_peer, timeout_s=120)
+    assert "repacking weights into the AMX buffer" in str(failed.value)  # the child's output's tail
+    # The caller lives on, and the same helper brings a working child's result back.
+    assert call_in_child(os.getpid, timeout_s=120) != os.getpid()
+    with pytest.raises(ChildFailed, match="exited with status 3"):
+        run_child([sys.executable, "-c", "import sys; sys.exit(3)"], what="a failing command", timeout_s=120)
+
+
+def test_the_llama_server_check_generates_and_names_the_signal_that_killed_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks.peers import install
+
+    monkeypatch.setenv("MINISGL_BENCH_CACHE", str(tmp_path))
+    _write_fake_llama_server(tmp_path / "llama-server", faults=True)
+    _cpu(monkeypatch, EPYC_CPUINFO)  # no AMX: no --no-repack, so the fake dies on its first completion
+    problem = install.llama_server_problem(Path("m.gguf"))
+    assert problem is not None and "killed by SIGILL" in problem and "on its first completion" in problem, problem
+    assert "in tinygemm_kernel_amx" in problem  # its log's tail
+    _cpu(monkeypatch, AMX_CPUINFO)  # the rule's --no-repack: it answers
+    assert install.llama_server_problem(Path("m.gguf")) is None
+
+
+def test_setup_rebuilds_a_peer_whose_check_fails_and_stops_when_it_still_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from benchmarks.peers import install
+
+    monkeypatch.setenv("MINISGL_BENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(install, "default_model_path", lambda: Path("m.gguf"))
+    _cpu(monkeypatch, EPYC_CPUINFO)
+    binary = tmp_path / "llama-server"
+    _write_fake_llama_server(binary, faults=True)  # as if built for another CPU
+    builds: list[bool] = []
+
+    def build(faults: bool) -> None:
+        builds.append(faults)
+        _write_fake_llama_server(binary, faults)
+
+    monkeypatch.setitem(install.STEPS, "llama-server", (install.llama_server_problem, lambda: build(False)))
+    with caplog.at_level(logging.INFO, logger="benchmarks.peers"):
+        install.setup(["llama-server"])
+    assert builds == [False]
+    assert "no AMX" in caplog.text and "killed by SIGILL" in caplog.text and "ready" in caplog.text
+
+    _write_fake_llama_server(binary, faults=True)
+    monkeypatch.setitem(install.STEPS, "llama-server", (install.llama_server_problem, lambda: build(True)))
+    with pytest.raises(RuntimeError, match="llama-server: installed, but .* killed by SIGILL"):
+        install.setup(["llama-server"])
+    assert builds == [False, True]
+
+
+def _llama_cpp_python_as_on_an_amx_cpu(gguf: str) -> dict[str, object]:
+    """In a child: LlamaCppSystem under the AMX rule, with the model parameters llama.cpp got."""
+    from benchmarks.systems.llamacpp import LlamaCppSystem
+
+    amx.cpu_flags = lambda: cpu_flags(AMX_CPUINFO)  # type: ignore[assignment]  # the child's own module
+    opts = SystemOptions(model=None, hf_folder=Path("unused"), gguf=Path(gguf), threads=1, max_seq_len=64)
+    system = LlamaCppSystem("llama.cpp", opts)
+    try:
+        (completion,) = system.generate([list(range(1000, 1010))], output_len=3)
+        return {"use_extra_bufts": system.llm.model_params.use_extra_bufts, "tokens": len(completion.output_ids)}
+    finally:
+        system.close()
+
+
+def test_the_amx_rule_reaches_llama_cpp_pythons_model_parameters() -> None:
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed")
+    from minisgl.models.gguf import default_model_path
+
+    try:
+        gguf = default_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    # Extra buffer types off is safe on any CPU (llama.cpp then runs its plain kernels).
+    got = call_in_child(_llama_cpp_python_as_on_an_amx_cpu, str(gguf), timeout_s=600)
+    assert got == {"use_extra_bufts": False, "tokens": 3}

@@ -4,6 +4,7 @@ never how fast anything was (the CPU is shared)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -32,6 +33,9 @@ TINY = Sizes(
     single_prompts=2,
     single_len=8,
     single_output_len=5,
+    long_prompts=1,
+    long_len=30,
+    long_output_len=2,
 )
 TINY_FLAGS = [f"--{k.replace('_', '-')}={v}" for k, v in vars(TINY).items()]
 
@@ -112,9 +116,10 @@ def test_full_harness_on_a_tiny_model(tmp_path: Path, monkeypatch: pytest.Monkey
 
     runs = {(r["mode"], r["system"], r["workload"]): r for r in report["runs"]}
     expected = 4 + (online != "none")
-    assert len(runs) == 4 * expected
+    assert len(runs) == 5 * expected
+    lengths = {"single-stream": TINY.single_output_len, "long-prompt": TINY.long_output_len}
     for r in runs.values():
-        output_len = TINY.single_output_len if r["workload"] == "single-stream" else TINY.output_len
+        output_len = lengths.get(r["workload"], TINY.output_len)
         assert r["output_tokens"] == r["requests"] * output_len
         assert 0.0 <= r["hit_rate"] <= r["best_hit_rate"] <= 1.0, r
         assert r["duration_s"] > 0 and r["output_tokens_per_s"] > 0
@@ -143,29 +148,30 @@ def test_full_harness_on_a_tiny_model(tmp_path: Path, monkeypatch: pytest.Monkey
         assert served["latency"]["e2e_s"]["p99"] >= served["latency"]["ttft_s"]["p50"]
         # The server's /metrics counters saw the same prompt tokens the responses reported.
         assert served["extra"]["metrics_delta"]["prompt_tokens"] == served["prompt_tokens"]
+        # Each server row says how long it took to be ready and its processes' peak memory.
+        assert served["extra"]["ready_s"] > 0 and served["extra"]["server_peak_rss_bytes"] > 0
+        assert "peak memory (GiB)" in (out / "results.md").read_text()
+        long = runs[("online", "minisgl", "long-prompt")]
+        assert long["prompt_tokens"] == TINY.long_prompts * TINY.long_len
 
 
 def test_llamacpp_reuses_the_previous_prompt_only() -> None:
-    pytest.importorskip("llama_cpp")
-    from benchmarks.systems import SystemOptions, make_system
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed")
+    from benchmarks.systems.llamacpp import generate_in_child
     from minisgl.models.gguf import default_model_path
 
     try:
         gguf = default_model_path()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    opts = SystemOptions(model=None, hf_folder=Path("unused"), gguf=gguf, threads=1, max_seq_len=256)
-    system = make_system("llama.cpp", opts)
-    try:
-        shared = list(range(1000, 1040))
-        a, b, c = shared + [5, 6], shared + [7, 8], [9] + shared
-        first, second, third = system.generate([a, b, c], output_len=4)
-        assert [len(x.output_ids) for x in (first, second, third)] == [4, 4, 4]
-        assert (first.cached_tokens, second.cached_tokens, third.cached_tokens) == (0, len(shared), 0)
-        system.reset()
-        assert system.generate([a], output_len=4)[0].cached_tokens == 0
-    finally:
-        system.close()
+    shared = list(range(1000, 1040))
+    a, b, c = shared + [5, 6], shared + [7, 8], [9] + shared
+    # In a child process: a llama.cpp that faults on this CPU fails this test with its signal, not the run.
+    first_round, after_reset = generate_in_child(gguf, [[a, b, c], [a]], output_len=4, threads=1)
+    assert [len(x.output_ids) for x in first_round + after_reset] == [4, 4, 4, 4]
+    assert [x.cached_tokens for x in first_round] == [0, len(shared), 0]
+    assert after_reset[0].cached_tokens == 0
 
 
 def test_moe_decode_counts_the_experts_a_step_reads(tmp_path: Path) -> None:

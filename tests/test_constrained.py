@@ -110,8 +110,9 @@ def test_json_object_allows_any_object(compiler: GrammarCompiler, tokenizer: Pre
 
 
 def test_batched_mask_equals_row_masks(compiler: GrammarCompiler, tokenizer: PreTrainedTokenizerBase) -> None:
-    """Rows with grammars (enough to take the thread-pool path) get exactly their own mask; rows
-    without one are untouched; logits past the tokenizer's vocabulary are never allowed."""
+    """Rows with grammars get exactly their own mask, also a row moved off its start state (whose
+    mask is filled anew); rows without one are untouched; logits past the tokenizer's vocabulary are
+    never allowed."""
     vocab = len(tokenizer)
     specs = [GrammarSpec("regex", r) for r in REGEXES] + [GrammarSpec("json_schema", json.dumps(s)) for s in SCHEMAS]
     matchers: list[GrammarMatcher | None] = [compiler.matcher(s) for s in specs]
@@ -141,6 +142,25 @@ def test_jump_forward_appends_forced_text(compiler: GrammarCompiler, tokenizer: 
     assert matcher.jump_forward(tokenizer, limit=100) == []  # inside the string nothing is forced
     limited = compiler.matcher(GrammarSpec("json_schema", json.dumps(schema)))
     assert len(limited.jump_forward(tokenizer, limit=1)) == 1
+
+
+def test_advance_takes_a_token_its_forced_text_and_fills_the_next_mask(
+    compiler: GrammarCompiler, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """``advance`` (what runs off the scheduler loop) leaves the matcher where accepting the token and
+    the forced text by hand does, with the same next mask already filled; a token the grammar
+    rejects raises and changes nothing."""
+    spec = GrammarSpec("json_schema", json.dumps({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}))
+    advanced, by_hand = compiler.matcher(spec), compiler.matcher(spec)
+    brace = tokenizer.encode("{")[0]
+    with pytest.raises(RuntimeError, match="outside the request's grammar"):
+        advanced.advance(tokenizer.encode("[")[0], tokenizer, jump_limit=100)
+    forced = advanced.advance(brace, tokenizer, jump_limit=100)
+    assert tokenizer.decode([brace, *forced]) == '{"city": "'
+    for token in [brace, *forced]:
+        assert by_hand.accept(token)
+    assert torch.equal(advanced.next_token_mask(), by_hand.next_token_mask())
+    assert advanced.advance(tokenizer.encode("Paris")[0], tokenizer, jump_limit=0) == []  # nothing forced in a string
 
 
 def test_compiled_grammars_are_cached_by_source(tokenizer: PreTrainedTokenizerBase) -> None:

@@ -4,6 +4,7 @@ admitted the planner does not order the queue (which matches every waiting promp
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -31,14 +32,15 @@ def test_full_rows_skip_the_prefix_match_and_plans_move_nothing(tiny: Path, monk
     sched.step()  # admits two: every page-table row is taken
     assert sched.running == reqs[:2] and list(sched.waiting) == reqs[2:]
     matches = 0
-    match_prefix = sched.cache_manager.cache.match_prefix
+    cache = sched.cache_manager.cache
+    for name in ("match_prefix", "match_len"):  # the lookup that admits, and the peek that ranks
 
-    def counting_match(*args: object, **kwargs: object) -> object:
-        nonlocal matches
-        matches += 1
-        return match_prefix(*args, **kwargs)  # type: ignore[arg-type]
+        def counting(*args: object, original: Any = getattr(cache, name), **kwargs: object) -> object:
+            nonlocal matches
+            matches += 1
+            return original(*args, **kwargs)
 
-    monkeypatch.setattr(sched.cache_manager.cache, "match_prefix", counting_match)
+        monkeypatch.setattr(cache, name, counting)
     plan = sched.planner.plan(sched.waiting, sched.running)
     assert (plan.reqs, plan.lens, plan.admitted) == ([], [], [])
     assert list(sched.waiting) == reqs[2:]  # planning moved nothing

@@ -203,28 +203,34 @@ def test_auto_greedy_same_in_a_batch_as_alone(auto_llm: LLM) -> None:
 
 def test_fused_decode_step_matches_the_layer_by_layer_one(auto_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
     """The default model decodes through decode_layer.c in one call; the same steps through the
-    modules (the same kernels one by one, SiLU in torch) give the same greedy tokens, and logits
-    within 0.2% of the largest: SiLU's last bits differ, and the int4 kernels round their input to
-    15 bits, which can move such a difference to the next step (0.03% measured)."""
-    assert_fused_matches_layers(auto_llm, monkeypatch)
+    modules (the same kernels one by one, SiLU and RoPE in torch) give logits within 0.2% of the
+    largest: SiLU's last bits differ, and the int4 kernels round their input to 15 bits (0.03%
+    measured). Its KV pool is bf16, where such a difference can round a stored key to the next bf16
+    value and grow from step to step, so only the first step (the same inputs) is compared."""
+    assert auto_llm.scheduler.engine.pool.k.dtype == torch.bfloat16
+    assert_fused_matches_layers(auto_llm, monkeypatch, steps=1)
 
 
 def test_fused_decode_of_a_gqa_model_quantized_at_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    llm = LLM(str(build_tiny_model("llama", tmp_path / "llama")), quantization="int4", num_page_override=512)
+    """With an fp32 pool, whole greedy sequences agree."""
+    folder = build_tiny_model("llama", tmp_path / "llama")
+    llm = LLM(str(folder), quantization="int4", kv_dtype="float32", num_page_override=512)
     try:
         assert_fused_matches_layers(llm, monkeypatch)
     finally:
         llm.shutdown()
 
 
-def assert_fused_matches_layers(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+def assert_fused_matches_layers(llm: LLM, monkeypatch: pytest.MonkeyPatch, steps: int | None = None) -> None:
+    """The fused and the layer-by-layer decode agree on greedy tokens and logits over ``steps``
+    decode steps (None: all of them)."""
     model = llm.scheduler.engine.model
     if not c_kernels_expected():
         assert model._fused_decoder is None
         pytest.skip("no C kernels here")
     assert model._fused_decoder is not None
     prompts = [[5, 9, 200, 17, 33], [7, 7, 81, 4], [100, 3]]
-    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    params = SamplingParams(max_tokens=16 if steps is None else steps + 1, ignore_eos=True)
     engine = llm.scheduler.engine
     run_model = engine.run_model
     captured: dict[str, list[torch.Tensor]] = {"fused": [], "layers": []}

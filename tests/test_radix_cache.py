@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -28,6 +30,23 @@ def match(cache: RadixPrefixCache, ids: list[int], namespace: str | None = None)
     handle = cache.match_prefix(t(ids), namespace).handle
     cache.check_integrity()
     return handle
+
+
+def tree_state(cache: RadixPrefixCache) -> tuple[Any, ...]:
+    """Everything a read-only call must leave as it was: every node (key, slots, locks, age,
+    children), the clock, the eviction queue and the leaf set."""
+
+    def node_state(node: Any) -> tuple[Any, ...]:
+        children = sorted(node_state(child) for child in node.children.values())
+        return (tuple(node.key.tolist()), tuple(node.value.tolist()), node.ref_count, node.timestamp, tuple(children))
+
+    roots = {namespace: node_state(root) for namespace, root in cache._roots.items()}
+    heap = sorted((timestamp, seq) for timestamp, seq, _ in cache._heap)
+    return roots, cache._clock, heap, len(cache._leaves), cache.size_info
+
+
+def count_nodes(cache: RadixPrefixCache) -> int:
+    return sum(1 for _ in cache._iter_nodes())
 
 
 def evict(cache: RadixPrefixCache, n: int) -> list[int]:
@@ -111,6 +130,29 @@ def test_match_splits_node_without_changing_content() -> None:
     assert result.cached_len == 2
     assert result.handle.get_matched_indices().tolist() == [0, 1, 12, 13]
     assert sorted(child.key.tolist()[0] for child in head.children.values()) == [3, 5]
+
+
+def test_match_len_reads_without_splitting_or_touching() -> None:
+    cache = RadixPrefixCache("cpu")
+    insert(cache, [1, 2, 3, 4], range(4))
+    insert(cache, [5, 6], range(10, 12))
+    before = tree_state(cache)
+    assert cache.match_len(t([1, 2, 7])) == 2  # ends inside the node [1, 2, 3, 4]
+    assert cache.match_len(t([1, 2, 3, 4, 9])) == 4
+    assert cache.match_len(t([9])) == 0
+    assert cache.match_len(t([1, 2]), namespace="nobody") == 0
+    assert tree_state(cache) == before and count_nodes(cache) == 2
+    cache.check_integrity()
+    # Peeking at [1, 2, ...] did not make it recent: it is still the oldest and goes first.
+    assert evict(cache, 1) == [0, 1, 2, 3]
+
+
+def test_match_len_agrees_with_match_prefix_on_pages() -> None:
+    cache = RadixPrefixCache("cpu", page_size=4)
+    insert(cache, list(range(12)), range(12))
+    query = [*range(6), 99, 99]  # diverges inside the second page
+    assert cache.match_len(t(query)) == 4 == match(cache, query).cached_len
+    assert create_prefix_cache("naive", "cpu").match_len(t(query)) == 0
 
 
 def test_handle_survives_a_later_split() -> None:
@@ -415,6 +457,12 @@ class RadixCacheMachine(RuleBasedStateMachine):
         expected = self.ref_match(tuple(ids), namespace)
         assert handle.cached_len == expected
         assert handle.get_matched_indices().tolist() == self.ref_slots(tuple(ids[:expected]), namespace)
+
+    @rule(ids=st.lists(st.integers(0, 3), max_size=14), namespace=NAMESPACES)
+    def match_len(self, ids: list[int], namespace: str | None) -> None:
+        before = tree_state(self.cache)
+        assert self.cache.match_len(t(ids), namespace) == self.ref_match(tuple(ids), namespace)
+        assert tree_state(self.cache) == before, "match_len changed the tree"
 
     @rule(ids=st.lists(st.integers(0, 3), max_size=14), namespace=NAMESPACES)
     def lock(self, ids: list[int], namespace: str | None) -> None:

@@ -9,6 +9,7 @@ from conftest import assert_idle_balanced
 from tiny_models import VOCAB, build_tiny_model
 
 from minisgl import LLM, SamplingParams
+from minisgl.sampling import RejectionCode, RequestRejected
 
 PROMPTS = [[5, 6, 7, 8], [100, 200, 300], [42] * 20]
 
@@ -116,11 +117,44 @@ def test_bad_input_raises_and_leaves_nothing(llm: LLM, prompt: object, params: S
     assert_idle_balanced(llm)
 
 
+@pytest.mark.parametrize(
+    ("prompt", "params", "code", "param"),
+    [
+        ([], SamplingParams(), RejectionCode.INVALID_PROMPT, None),
+        ([VOCAB + 5], SamplingParams(), RejectionCode.INVALID_PROMPT, None),
+        ([1, 2], SamplingParams(max_tokens=0), RejectionCode.INVALID_VALUE, "max_tokens"),
+        ([1, 2], SamplingParams(temperature=float("nan")), RejectionCode.INVALID_VALUE, "temperature"),
+        ([1, 2], SamplingParams(top_k=0), RejectionCode.INVALID_VALUE, "top_k"),
+        ([1, 2], SamplingParams(top_p=1.5), RejectionCode.INVALID_VALUE, "top_p"),
+        ([1, 2], SamplingParams(min_p=2.0), RejectionCode.INVALID_VALUE, "min_p"),
+        ([1, 2], SamplingParams(stop=[""]), RejectionCode.INVALID_VALUE, "stop"),
+        ([1, 2], SamplingParams(stop_token_ids=[-1]), RejectionCode.INVALID_VALUE, "stop_token_ids"),
+        ([1, 2], SamplingParams(seed=2**63), RejectionCode.INVALID_VALUE, "seed"),
+        ([1, 2], SamplingParams(regex="(ab"), RejectionCode.INVALID_GRAMMAR, "regex"),
+        ([1, 2], SamplingParams(ebnf=" "), RejectionCode.INVALID_GRAMMAR, "ebnf"),
+        ([1, 2], SamplingParams(json_schema="{not json"), RejectionCode.INVALID_GRAMMAR, "json_schema"),
+        ([1, 2], SamplingParams(regex="a", ebnf='root ::= "a"'), RejectionCode.INVALID_GRAMMAR, None),
+        ([1] * 300, SamplingParams(), RejectionCode.CONTEXT_LENGTH_EXCEEDED, None),
+        ([1] * 250, SamplingParams(max_tokens=10), RejectionCode.CONTEXT_LENGTH_EXCEEDED, None),
+    ],
+)
+def test_rejections_are_typed(
+    llm: LLM, prompt: list[int], params: SamplingParams, code: RejectionCode, param: str | None
+) -> None:
+    """What the server's error fields come from: the code and the field, not the message's words."""
+    with pytest.raises(RequestRejected) as e:
+        llm.generate([[3, 4], prompt], params, use_tqdm=False)
+    assert (e.value.code, e.value.param) == (code, param)
+    assert not llm.scheduler.has_work
+    assert_idle_balanced(llm)
+
+
 def test_request_larger_than_pool_is_refused(tmp_path: Path) -> None:
     folder = build_tiny_model("llama", tmp_path / "m")
     small = LLM(str(folder), num_page_override=16)
-    with pytest.raises(ValueError, match="pool holds 16"):
+    with pytest.raises(RequestRejected, match="pool holds 16") as e:
         small.generate([[3] * 10], SamplingParams(max_tokens=10), use_tqdm=False)
+    assert (e.value.code, e.value.param) == (RejectionCode.KV_CAPACITY_EXCEEDED, None)
 
 
 def test_bad_model_paths(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from minisgl import LLM, SamplingParams
+from minisgl.sampling import RejectionCode
 
 API_KEY = "test-key"
 MODEL = "SmolLM2-135M-Instruct"
@@ -416,6 +417,41 @@ def test_bad_request(server: Server, case: str, path: str, body: Any, status: in
     assert message in error["message"], error
 
 
+# Every code a rejection can carry, from the front end's checks and from the scheduler's: the client
+# reads the status, ``code`` and ``param`` fields, never the message's wording.
+REJECTIONS: list[tuple[str, str, Any, RejectionCode, str | None]] = [
+    # (case, endpoint, body, code, param)
+    ("temperature negative", CHAT, {"messages": HI, "temperature": -1}, RejectionCode.INVALID_VALUE, "temperature"),
+    ("seed overflow with n", COMPLETIONS, {"prompt": "hi", "seed": 2**63 - 1, "n": 2, "temperature": 1},
+     RejectionCode.INVALID_VALUE, "seed"),
+    ("native top_p", GENERATE, {"text": "a", "sampling_params": {"top_p": 0}}, RejectionCode.INVALID_VALUE, "top_p"),
+    ("token id out of range", COMPLETIONS, {"prompt": [1, 10**9]}, RejectionCode.INVALID_PROMPT, None),
+    ("bad regex", GENERATE, {"text": "a", "sampling_params": {"regex": "(ab"}}, RejectionCode.INVALID_GRAMMAR, "regex"),
+    ("two grammars", GENERATE, {"text": "a", "sampling_params": {"regex": "a", "ebnf": 'root ::= "a"'}},
+     RejectionCode.INVALID_GRAMMAR, None),
+    ("bad schema", CHAT, {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "array", "uniqueItems": True}}}}, RejectionCode.INVALID_GRAMMAR, "json_schema"),
+    ("max_tokens beyond context", CHAT, {"messages": HI, "max_tokens": 100_000},
+     RejectionCode.CONTEXT_LENGTH_EXCEEDED, None),
+    ("prompt beyond context", COMPLETIONS, {"prompt": "hello " * 9000}, RejectionCode.CONTEXT_LENGTH_EXCEEDED, None),
+    ("streamed, beyond context", CHAT, {"messages": HI, "max_tokens": 100_000, "stream": True},
+     RejectionCode.CONTEXT_LENGTH_EXCEEDED, None),
+    ("max_tokens beyond pool", CHAT, {"messages": HI, "max_tokens": 2000}, RejectionCode.KV_CAPACITY_EXCEEDED, None),
+]  # fmt: skip
+
+
+def test_rejections_cover_every_code() -> None:
+    assert {code for *_, code, _ in REJECTIONS} == set(RejectionCode)
+
+
+@pytest.mark.parametrize("case,path,body,code,param", REJECTIONS, ids=[c[0] for c in REJECTIONS])
+def test_rejection_fields(server: Server, case: str, path: str, body: Any, code: RejectionCode, param: str | None) -> None:
+    r = server.post(path, json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", code.value, param), error
+
+
 def test_server_healthy_after_bad_requests(server: Server) -> None:
     r = server.post(CHAT, json={"model": MODEL, "messages": HI, "max_tokens": 2, "temperature": 0})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
@@ -440,6 +476,9 @@ def test_metrics(server: Server) -> None:
         assert name in families, name
     kv = {s.labels["state"]: s.value for s in families["minisgl_kv_tokens"].samples}
     assert set(kv) == {"capacity", "free", "evictable", "protected", "in_use"} and kv["capacity"] == 1024
+    memory = {s.labels["part"]: s.value for s in families["minisgl_memory_bytes"].samples}
+    assert set(memory) == {"weights", "kv_pool", "dequant_buffer"} and memory["weights"] > 0
+    assert memory["kv_pool"] == 1024 * 2 * 30 * 3 * 64 * 4  # K and V of 30 layers x 3 heads x 64, fp32 (none)
     generated = families["minisgl_generated_tokens"].samples[0].value
     assert generated > 0
     ttft_count = next(

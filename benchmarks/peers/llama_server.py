@@ -4,17 +4,28 @@ Configuration (llama.cpp's documented server setup, defaults otherwise): ``-t``/
 threads, ``-np N`` slots with ``-c N x`` the workload's longest sequence so every slot fits one,
 continuous batching and its prompt cache on (both default). Its prompt cache also keeps evicted
 slot states in host memory, beyond the reach of any endpoint, so emptying it means restarting the
-server, which on a 135M-parameter GGUF takes about a second.
+server, which on a 135M-parameter GGUF takes about a second. On an AMX CPU it also gets
+``--no-repack`` (``benchmarks.peers.amx``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+import httpx
+
+from benchmarks.child import ChildFailed, exit_description
+from benchmarks.client import Timing, complete
+from benchmarks.peers.amx import llama_server_flags
 from benchmarks.peers.paths import LLAMA_CPP_PYTHON_VERSION, SETUP_COMMAND, llama_server_binary
 from benchmarks.server import ServerProcess, start_warm
 from benchmarks.systems.base import SystemOptions, Unavailable
+
+CHECK_STARTUP_TIMEOUT_S = 120.0
 
 
 class LlamaServer:
@@ -29,7 +40,7 @@ class LlamaServer:
         context = slots * opts.max_seq_len
         self.flags = [
             "-m", str(opts.gguf), "-t", str(opts.threads), "-tb", str(opts.threads), "-np", str(slots),
-            "-c", str(context),
+            "-c", str(context), *llama_server_flags(),
         ]  # fmt: skip
         self.description = (
             f"llama-server (llama.cpp of llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}), {opts.gguf.name}, "
@@ -70,3 +81,42 @@ class LlamaServer:
 
     def counters(self) -> dict[str, float]:
         return {}  # its cached prompt tokens come with each response's usage
+
+
+def check_generates(gguf: Path, prompt: str, tokens: int, threads: int) -> None:
+    """The setup's check: llama-server started as the benchmarks start it (the AMX rule included) on
+    a free port of 127.0.0.1, one greedy completion of ``tokens`` tokens, stopped. Raises
+    ``ChildFailed`` saying how it failed (killed by SIGILL on its first completion, say)."""
+    opts = SystemOptions(model=None, hf_folder=Path("unused"), gguf=gguf, threads=threads, max_seq_len=256)
+    server = ServerProcess(LlamaServer(1, opts)._command, timeout_s=CHECK_STARTUP_TIMEOUT_S)
+    try:
+        with server as url:  # its log goes when the block ends without an exception: the message has its tail
+            failure = _first_completion_failure(server, url, prompt, tokens)
+    except (RuntimeError, TimeoutError) as e:  # from ServerProcess: it died or hung while loading the model
+        raise ChildFailed(f"llama-server did not start: {e}") from e
+    if failure is not None:
+        raise ChildFailed(f"llama-server {failure}")
+
+
+def _first_completion_failure(server: ServerProcess, url: str, prompt: str, tokens: int) -> str | None:
+    """None when the server streams the completion it is asked for; else how it failed, with its
+    log's tail (its death when it died of the request)."""
+
+    async def complete_once() -> Timing:
+        async with httpx.AsyncClient(timeout=60.0) as client:
+            return await complete(client, url, prompt, tokens)
+
+    assert server.process is not None
+    try:
+        timing = asyncio.run(complete_once())
+    except (httpx.HTTPError, RuntimeError) as e:
+        try:
+            returncode = server.process.wait(timeout=5)  # a dying server may still be closing its sockets
+        except subprocess.TimeoutExpired:
+            how = f"failed its first completion ({e!r})"
+        else:
+            how = f"{exit_description(returncode)} on its first completion"
+        return f"{how}; its log's tail:\n{server.log_tail()}"
+    if timing.completion_tokens != tokens:
+        return f"gave {timing.completion_tokens} tokens, not the {tokens} asked for"
+    return None

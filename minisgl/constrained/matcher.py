@@ -13,24 +13,41 @@ from minisgl.constrained.backend import xgrammar
 if TYPE_CHECKING:
     import xgrammar as xgr
 
-# Past this many rows the bitmask is filled by xgrammar's thread pool instead of row by row.
-BATCH_FILL_MIN_ROWS = 4
-
 
 class GrammarMatcher:
     """Accepts a request's tokens one at a time and says which tokens may come next. Terminated
-    once a stop token is accepted where the grammar allows the output to end."""
+    once a stop token is accepted where the grammar allows the output to end. Used by one thread
+    at a time."""
 
     def __init__(self, compiled: xgr.CompiledGrammar) -> None:
         self.vocab_size: int = compiled.tokenizer_info.vocab_size
         self._matcher = xgrammar().GrammarMatcher(compiled)
+        self._next_mask: torch.Tensor | None = None  # the tokens allowed next, once filled
 
     def accept(self, token_id: int) -> bool:
         """Advance by one token; False (and unchanged) if the grammar does not allow it."""
-        return bool(self._matcher.accept_token(token_id))
+        accepted = bool(self._matcher.accept_token(token_id))
+        if accepted:
+            self._next_mask = None
+        return accepted
 
     def rollback(self, num_tokens: int) -> None:
         self._matcher.rollback(num_tokens)
+        self._next_mask = None
+
+    def advance(self, token_id: int, tokenizer: PreTrainedTokenizerBase, jump_limit: int) -> list[int]:
+        """Everything a sampled token does to the grammar, in one call made off the scheduler loop:
+        with a large grammar each step below can take 100 ms (xgrammar releases the GIL in all of
+        them). Accept the token (``RuntimeError`` if the grammar rejects it), take the tokens it
+        forces next (at most ``jump_limit``: jump-forward, see ``jump_forward``), and fill the mask
+        of the token after them. Returns the forced tokens, already accepted."""
+        if not self.accept(token_id):
+            raise RuntimeError(f"sampled token {token_id} is outside the request's grammar")
+        if self.is_terminated:
+            return []
+        forced = self.jump_forward(tokenizer, jump_limit)
+        self.next_token_mask()
+        return forced
 
     @property
     def is_terminated(self) -> bool:
@@ -56,22 +73,27 @@ class GrammarMatcher:
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         self._matcher.fill_next_token_bitmask(bitmask, row)
 
+    def next_token_mask(self) -> torch.Tensor:
+        """[1, vocabulary words] bitmask of the tokens allowed next: filled by ``advance``, else now."""
+        if self._next_mask is None:
+            mask = xgrammar().allocate_token_bitmask(1, self.vocab_size)
+            self.fill_bitmask(mask, 0)
+            self._next_mask = mask
+        return self._next_mask
+
 
 def mask_logits(logits: torch.Tensor, matchers: Sequence[GrammarMatcher | None]) -> None:
     """Set to -inf, in place, every token a row's grammar forbids next; rows without one are untouched.
-    One bitmask for the batch, filled on the CPU (by a thread pool for many rows), applied in one call."""
+    One bitmask for the batch, from each row's mask (filled off the loop by ``advance``, or here on
+    a request's first token), applied in one call."""
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return
     xgr = xgrammar()
     vocab_size = next(m.vocab_size for m in matchers if m is not None)
     bitmask = xgr.allocate_token_bitmask(len(matchers), vocab_size)
-    if len(rows) >= BATCH_FILL_MIN_ROWS:
-        inner = [matchers[i]._matcher for i in rows]  # type: ignore[union-attr]
-        xgr.BatchGrammarMatcher().batch_fill_next_token_bitmask(inner, bitmask, indices=rows)
-    else:
-        for i in rows:
-            matchers[i].fill_bitmask(bitmask, i)  # type: ignore[union-attr]
+    for i in rows:
+        bitmask[i] = matchers[i].next_token_mask()[0]  # type: ignore[union-attr]
     # Logits past the tokenizer's vocabulary (padding rows of the LM head) are never allowed.
     if logits.shape[-1] > vocab_size:
         logits[rows, vocab_size:] = float("-inf")

@@ -12,9 +12,12 @@ Slots under a locked handle are never evicted.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Container
 from typing import NamedTuple
 
 import torch
+
+from minisgl.kvcache.snapshot import TreeSnapshot
 
 
 class CacheHandle(ABC):
@@ -60,7 +63,13 @@ class PrefixCache(ABC):
 
     @abstractmethod
     def match_prefix(self, input_ids: torch.Tensor, namespace: str | None = None) -> MatchResult:
-        """Longest cached prefix of ``input_ids`` (page-aligned). Does not lock it."""
+        """Longest cached prefix of ``input_ids`` (page-aligned), as a handle to lock. Does not lock
+        it, but may reshape the cache so the handle ends exactly there, and counts as a use (LRU)."""
+
+    @abstractmethod
+    def match_len(self, input_ids: torch.Tensor, namespace: str | None = None) -> int:
+        """Length of what ``match_prefix`` would match. Read-only: the cache, its structure and
+        its eviction order are left exactly as they were (a peek, e.g. to rank waiting requests)."""
 
     @abstractmethod
     def insert_prefix(
@@ -88,3 +97,9 @@ class PrefixCache(ABC):
     def check_integrity(self) -> None:
         """Re-derive every counter from scratch and raise ``AssertionError`` on a mismatch."""
 
+    def snapshot(
+        self, max_nodes: int, head_tokens: int, label: Callable[[str | None], str], shown: Container[str | None]
+    ) -> TreeSnapshot | None:
+        """A read-only picture of the cached prefixes (``RadixPrefixCache.snapshot``); None for a
+        cache that keeps no tree."""
+        return None

@@ -21,6 +21,9 @@ class NaivePrefixCache(PrefixCache):
     def match_prefix(self, input_ids: torch.Tensor, namespace: str | None = None) -> MatchResult:
         return MatchResult(self._EMPTY)
 
+    def match_len(self, input_ids: torch.Tensor, namespace: str | None = None) -> int:
+        return 0
+
     def insert_prefix(
         self, input_ids: torch.Tensor, indices: torch.Tensor, namespace: str | None = None
     ) -> InsertResult:

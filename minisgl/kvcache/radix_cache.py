@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Container, Hashable, Iterator
 
 import numpy as np
 import torch
 
 from minisgl.kernels.ops import fast_compare_key
 from minisgl.kvcache.base import CacheHandle, InsertResult, MatchResult, PrefixCache, SizeInfo
+from minisgl.kvcache.snapshot import NamespaceView, NodeView, TreeSnapshot
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 _NO_TOKENS = np.empty(0, dtype=np.int64)
@@ -95,6 +96,12 @@ class RadixPrefixCache(PrefixCache):
             return MatchResult(self._empty_handle())
         node, matched = self._walk(root, self._to_tokens(input_ids[: self._align(len(input_ids))]))
         return MatchResult(RadixHandle(node, matched, self.device))
+
+    def match_len(self, input_ids: torch.Tensor, namespace: str | None = None) -> int:
+        root = self._roots.get(namespace)
+        if root is None:
+            return 0
+        return self._descend(root, self._to_tokens(input_ids[: self._align(len(input_ids))]))[1]
 
     def insert_prefix(
         self, input_ids: torch.Tensor, indices: torch.Tensor, namespace: str | None = None
@@ -243,15 +250,68 @@ class RadixPrefixCache(PrefixCache):
             visit(root, 1)
         return "\n".join(lines)
 
+    def snapshot(
+        self, max_nodes: int, head_tokens: int, label: Callable[[str | None], str], shown: Container[str | None]
+    ) -> TreeSnapshot:
+        """The tree without touching it (no split, no clock tick, no LRU refresh). At most ``max_nodes``
+        nodes: the path to the next eviction first, then the branches holding the most KV; each node's
+        subtree totals count what was left out. Token ids only for namespaces in ``shown``."""
+        if max_nodes < 1:
+            raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
+        order = list(self._iter_nodes())  # pre-order: a parent comes before its children
+        # Of each node and everything below it; a root counts only what is below it.
+        tokens = {node: len(node.key) for node in order}
+        count = dict.fromkeys(order, 1)
+        for root in self._roots.values():
+            tokens[root] = count[root] = 0
+        for node in reversed(order):  # so every child is complete before it is added to its parent
+            tokens[node.parent] += tokens[node]  # type: ignore[index]
+            count[node.parent] += count[node]  # type: ignore[index]
+        namespaces = [
+            NamespaceView(id(root), label(namespace), namespace in shown, tokens[root], count[root])
+            for namespace, root in self._roots.items()
+        ]
+        show = {root: namespace in shown for namespace, root in self._roots.items()}
+
+        chosen: dict[_Node, bool] = {}  # parents first; whether the node's tokens are shown
+        path: list[_Node] = []  # from the leaf that eviction takes next up to its namespace's root
+        node = min(self._leaves, key=lambda leaf: leaf.timestamp, default=None)
+        while node is not None:
+            path.append(node)
+            node = node.parent
+        for node in reversed(path[:-1][-max_nodes:]):
+            chosen[node] = show[path[-1]]
+        seq = itertools.count()  # ties never compare nodes
+        frontier = [(-tokens[c], next(seq), c, show[r]) for r in self._roots.values() for c in r.children.values()]
+        heapq.heapify(frontier)
+        while frontier and len(chosen) < max_nodes:
+            _, _, node, shown_here = heapq.heappop(frontier)
+            chosen[node] = shown_here
+            for child in node.children.values():
+                heapq.heappush(frontier, (-tokens[child], next(seq), child, shown_here))
+        nodes = [
+            NodeView(
+                id(node),
+                id(node.parent),
+                len(node.key),
+                node.key[:head_tokens].tolist() if shown_here else [],
+                node.ref_count,
+                self._clock - node.timestamp,
+                tokens[node],
+                count[node],
+            )
+            for node, shown_here in chosen.items()
+        ]
+        total = sum(view.nodes for view in namespaces)
+        return TreeSnapshot(namespaces, nodes, total, [id(node) for node in reversed(path) if node in chosen])
+
     # ---- internals ------------------------------------------------------------------------------
 
-    def _walk(self, root: _Node, tokens: np.ndarray) -> tuple[_Node, int]:
-        """Descend along page-aligned ``tokens``; returns the node where the match ends and its length.
-
-        If the match ends inside a node, that node is split so the returned node ends exactly there.
-        """
-        self._clock += 1
-        node, pos = root, 0
+    def _descend(self, root: _Node, tokens: np.ndarray) -> tuple[list[_Node], int, int]:
+        """Read-only: the nodes along the longest match of page-aligned ``tokens``, the match's
+        length, and how many tokens of the last node it covers (fewer than its key: it ends inside)."""
+        path: list[_Node] = []
+        node, pos, n = root, 0, 0
         while pos < len(tokens):
             rest = tokens[pos:]
             child = node.children.get(self._child_key(rest))
@@ -259,13 +319,28 @@ class RadixPrefixCache(PrefixCache):
                 break
             # The dict lookup already matched the first page, so at least one page matches.
             n = fast_compare_key(child.key, rest) // self.page_size * self.page_size
+            path.append(child)
+            pos += n
             if n < len(child.key):
-                head = self._split(child, n)
-                head.timestamp = self._clock
-                return head, pos + n
-            child.timestamp = self._clock
-            node, pos = child, pos + n
-        return node, pos
+                break
+            node = child
+        return path, pos, n
+
+    def _walk(self, root: _Node, tokens: np.ndarray) -> tuple[_Node, int]:
+        """Descend along page-aligned ``tokens`` as a use of the prefix: every node on the path
+        becomes the most recently used. Returns the node where the match ends and its length; if
+        the match ends inside a node, that node is split so the returned node ends exactly there."""
+        self._clock += 1  # also the age of what an insert adds below the match
+        path, matched, last_covered = self._descend(root, tokens)
+        if not path:
+            return root, 0
+        *above, last = path
+        for node in above:
+            node.timestamp = self._clock
+        if last_covered < len(last.key):
+            last = self._split(last, last_covered)  # the tail below the match keeps its age
+        last.timestamp = self._clock
+        return last, matched
 
     def _split(self, node: _Node, n: int) -> _Node:
         """Cut ``node`` after its first ``n`` tokens; returns the new head above it.

@@ -130,8 +130,8 @@ class QuantizedWeight(nn.Module):
 
 
 class Int4Weight(QuantizedWeight):
-    # The C kernel's arithmetic grows with every row: over 8 of SmolLM2's layers, 1 row 1.0 ms,
-    # 16 rows 7.3 ms against the dense fp32 product's 8.1, 32 rows 14.2 against 11.7.
+    # The integer kernel streams the weight once per 4 rows, so its time grows with every row; past
+    # this many the bf16 expansion and GEMM win (``benchmarks/many_rows.py``).
     max_kernel_rows = 16
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> None:
@@ -248,7 +248,7 @@ def rtn_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Int8Weight(QuantizedWeight):
-    max_kernel_rows = 32  # the C kernel beats the dense product up to here (SmolLM2's LM head: 9.7 vs 10.4 ms at 32)
+    max_kernel_rows = 32  # the integer kernel beats the bf16 path up to here (``benchmarks/many_rows.py``)
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor) -> None:
         """``codes``: [out, in] int8; ``scale``: [out]; w = codes * scale row by row."""

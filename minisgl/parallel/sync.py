@@ -3,7 +3,7 @@
 Each message is a fixed-size int64 header over the control group (ranks 1..N-1 block on it while rank
 0 idles), then for a forward pass one int64 payload over the default group, on the device:
 
-    header   [op, is_prefill, requests R, tokens T, sampled rows L, page-table entries E]
+    header   [op, attention kind, requests R, tokens T, sampled rows L, page-table entries E]
     payload  input_ids[T] positions[T] out_slots[T] sample_rows[L] table_rows[R] prefix_lens[R]
              extend_lens[R] page-table entries[E]
 
@@ -20,7 +20,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from minisgl.batch import Batch
+from minisgl.batch import AttentionKind, Batch
 from minisgl.distributed.group import TPGroup
 from minisgl.engine.engine import Engine
 from minisgl.parallel.rendezvous import COLLECTIVE_TIMEOUT_S
@@ -46,7 +46,7 @@ class BatchSync:
     def send_batch(self, batch: Batch) -> None:
         kv_lens = batch.kv_lens
         tokens, sampled = batch.input_ids.numel(), batch.sample_rows.numel()
-        self._send_header(OP_FORWARD, int(batch.is_prefill), batch.num_reqs, tokens, sampled, int(kv_lens.sum()))
+        self._send_header(OP_FORWARD, batch.attention.value, batch.num_reqs, tokens, sampled, int(kv_lens.sum()))
         meta = torch.cat([batch.table_rows, batch.prefix_lens, batch.extend_lens]).to(self.device)
         r_idx, c_idx = self._table_index(meta[: batch.num_reqs], kv_lens.to(self.device))
         payload = torch.cat(
@@ -85,7 +85,7 @@ class BatchSync:
         while True:
             header = torch.zeros(HEADER_LEN, dtype=torch.int64)
             dist.broadcast(header, 0, group=self.tp.control)
-            op, is_prefill, num_reqs, tokens, sampled, entries = header.tolist()
+            op, attention, num_reqs, tokens, sampled, entries = header.tolist()
             if op == OP_SHUTDOWN:
                 return None
             if op == OP_CHECK:
@@ -101,7 +101,7 @@ class BatchSync:
             self.page_table[self._table_index(rows, prefix_lens + extend_lens)] = table
             self._record(out_slots)
             return Batch(
-                bool(is_prefill), input_ids, positions, out_slots, rows.cpu(), prefix_lens.cpu(), extend_lens.cpu(), sample_rows
+                AttentionKind(attention), input_ids, positions, out_slots, rows.cpu(), prefix_lens.cpu(), extend_lens.cpu(), sample_rows
             )
 
     # -- both --------------------------------------------------------------------------------------

@@ -57,13 +57,17 @@ class CacheManager:
 
     # -- admission -----------------------------------------------------------------------------
     def match_len(self, req: Req) -> int:
+        """The prefix ``try_admit`` would reuse; a read-only peek (no split, no LRU refresh)."""
+        return self.cache.match_len(self._matchable(req), req.namespace)
+
+    @staticmethod
+    def _matchable(req: Req) -> torch.Tensor:
         # At least one prompt token is always computed: its logits give the first output token.
-        return self.cache.match_prefix(torch.tensor(req.token_ids[: req.prompt_len - 1]), req.namespace).handle.cached_len
+        return torch.tensor(req.token_ids[: req.prompt_len - 1], dtype=torch.int64)
 
     def try_admit(self, req: Req) -> bool:
         """Lock the request's cached prefix and reserve slots for the rest of its lifetime."""
-        ids = torch.tensor(req.token_ids[: req.prompt_len - 1], dtype=torch.int64)
-        handle = self.cache.match_prefix(ids, req.namespace).handle
+        handle = self.cache.match_prefix(self._matchable(req), req.namespace).handle
         self.cache.lock_handle(handle)
         need = align_up(req.max_kv_len, self.page_size) - handle.cached_len
         if self.unreserved_size < need:

@@ -1,4 +1,5 @@
-"""A ``Batch`` built from requests, kept with the requests behind it (which the batch does not know)."""
+"""A ``Batch`` built from requests, kept with the requests behind it (which the batch does not know)
+and with what each of them does in the pass, which is what the pass is booked as."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minisgl.batch import Batch
+from minisgl.batch import AttentionKind, Batch
 from minisgl.request import Req
 from minisgl.sampling import SamplingRows
 
@@ -16,11 +17,20 @@ class ForwardPass:
     batch: Batch
     reqs: list[Req]  # in batch order
     sampled: list[Req]  # the requests of ``batch.sample_rows``, in order
+    prefilled: list[Req]  # the requests computing prompt tokens (a chunk of the prompt, or its end)
+    prefill_tokens: int  # prompt tokens computed
+    decode_tokens: int  # tokens computed after the prompt: one per request, more after a jump-forward
 
     @classmethod
-    def build(cls, reqs: list[Req], extend_lens: list[int], is_prefill: bool, page_table: torch.Tensor) -> ForwardPass:
-        """Each request's next ``extend_lens`` tokens from its ``device_len``; a request whose chunk
-        reaches its end is sampled (its last token's logits give the next token)."""
+    def build(
+        cls, prefills: list[Req], prefill_lens: list[int], decoding: list[Req], page_table: torch.Tensor
+    ) -> ForwardPass:
+        """The next ``prefill_lens`` prompt tokens of each of ``prefills`` and every token of the
+        ``decoding`` requests not computed yet, each from its ``device_len``; a request whose new
+        tokens reach its end is sampled (its last token's logits give the next token)."""
+        reqs = prefills + decoding
+        decode_lens = [r.extend_len for r in decoding]
+        extend_lens = prefill_lens + decode_lens
         device = page_table.device
         ids: list[int] = []
         token_rows: list[int] = []
@@ -36,8 +46,9 @@ class ForwardPass:
                 sample_rows.append(len(ids) - 1)
                 sampled.append(req)
         pos = torch.tensor(positions, dtype=torch.int64, device=device)
+        one_each = len(sampled) == len(reqs) and all(n == 1 for n in extend_lens)
         batch = Batch(
-            is_prefill=is_prefill,
+            attention=AttentionKind.DECODE if one_each else AttentionKind.EXTEND,
             input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
             positions=pos,
             out_slots=page_table[torch.tensor(token_rows, dtype=torch.int64, device=device), pos],
@@ -49,4 +60,4 @@ class ForwardPass:
                 [r.params for r in sampled], [r.generator for r in sampled], [r.grammar for r in sampled]
             ),
         )
-        return cls(batch, reqs, sampled)
+        return cls(batch, reqs, sampled, prefills, sum(prefill_lens), sum(decode_lens))

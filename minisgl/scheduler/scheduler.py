@@ -3,26 +3,34 @@
 A pass is a prefill pass when anything waits to be prefilled (new requests, or the next chunk of a
 long prompt): the requests already decoding ride along with one token each, so a queue of prompts
 never stalls their streams for longer than one pass. Otherwise it is a decode pass over every
-running request."""
+running request.
+
+Grammars work off the loop, on threads: a request waits in ``compiling`` until its grammar is
+compiled (it is admitted only then, and nobody else waits for it), and each token a constrained
+request samples goes to its grammar on a thread; a request whose grammar is slow sits out passes
+until it is done, instead of holding the step for everyone."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
+from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from minisgl.config import EngineConfig
 from minisgl.constrained.compiler import GrammarCompiler
+from minisgl.constrained.spec import GrammarSpec
 from minisgl.engine.engine import Engine
 from minisgl.engine.runner import LocalRunner, Runner
 from minisgl.kvcache.registry import create_prefix_cache
 from minisgl.models.loader import resolve_model_path
 from minisgl.parallel.runner import TensorParallelRunner
 from minisgl.request import Req
-from minisgl.sampling import Sampler, SamplingParams
+from minisgl.sampling import RejectionCode, RequestRejected, Sampler, SamplingParams
 from minisgl.scheduler.cache_manager import CacheManager, align_up
 from minisgl.scheduler.forward_pass import ForwardPass
 from minisgl.scheduler.prefill import PrefillPlan, PrefillPlanner
@@ -31,12 +39,24 @@ from minisgl.text.detokenizer import IncrementalDetokenizer
 
 logger = logging.getLogger("minisgl.scheduler")
 
+# A step waits at most this long for the grammar work of the tokens it sampled (each accepted, the
+# jump-forward, the next mask: ``GrammarMatcher.advance``, on a thread); a request whose grammar takes
+# longer sits out the passes until it is done, while the others go on.
+GRAMMAR_STEP_WAIT_S = 0.01
+# With nothing to compute until a grammar is ready, a step waits at most this long for one (so a
+# server loop still reads its inbox), instead of returning at once to be called again.
+GRAMMAR_IDLE_WAIT_S = 0.02
+GRAMMAR_WORKERS = 2  # threads advancing grammars (xgrammar releases the GIL while it works)
+
 
 @dataclass(frozen=True)
 class TokenOutput:
     rid: int
     token_id: int
-    finish_reason: str | None  # None while running; "stop" | "length" | "abort" | "error" when finished
+    # None while running; "stop" | "length" | "abort" | "error" when finished; "rejected": its grammar
+    # did not compile (it was never admitted; ``error`` says why)
+    finish_reason: str | None
+    cached_tokens: int  # prompt tokens the request reused from the prefix cache
     error: str | None = None  # finish_reason "error": what went wrong with this request (token_id is -1)
 
 
@@ -49,6 +69,7 @@ class Scheduler:
         self.planner = PrefillPlanner(self.cache_manager, config.schedule_policy, config.max_prefill_tokens)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
+        self.compiling: list[Req] = []  # added, waiting for their grammar before they may be admitted
         self.stats = EngineStats()
         eos = set(engine.model_config.eos_token_ids)
         if tokenizer.eos_token_id is not None:
@@ -56,6 +77,9 @@ class Scheduler:
         self.eos_ids = frozenset(eos)
         self.grammars = GrammarCompiler(tokenizer, engine.model_config.vocab_size, sorted(self.eos_ids))
         self.jump_forward = config.jump_forward
+        self._grammar_steps = ThreadPoolExecutor(GRAMMAR_WORKERS, "minisgl-grammar-step")
+        # Running requests whose grammar is taking their last sampled token; they sit out the passes.
+        self._advancing: dict[Req, Future[list[int]]] = {}
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Scheduler:
@@ -70,36 +94,64 @@ class Scheduler:
         return self.engine.model_config.vocab_size
 
     def make_request(self, rid: int, input_ids: list[int], params: SamplingParams, namespace: str | None = None) -> Req:
-        """Validate a request; raises ``ValueError`` naming the problem. Allocates nothing."""
+        """Validate a request; raises ``RequestRejected`` naming the problem. Allocates nothing; its
+        grammar, if any, starts compiling off the loop (``add`` holds it until compiled)."""
         if not input_ids:
-            raise ValueError("prompt is empty")
+            raise RequestRejected("prompt is empty", RejectionCode.INVALID_PROMPT)
         if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in input_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
+            message = f"prompt token ids must be integers in [0, {self.vocab_size})"
+            raise RequestRejected(message, RejectionCode.INVALID_PROMPT)
         params.validate(self.vocab_size)
         max_len = self.engine.max_seq_len
         if len(input_ids) >= max_len:
-            raise ValueError(f"prompt has {len(input_ids)} tokens but the context holds {max_len}")
+            message = f"prompt has {len(input_ids)} tokens but the context holds {max_len}"
+            raise RequestRejected(message, RejectionCode.CONTEXT_LENGTH_EXCEEDED)
         if len(input_ids) + params.max_tokens > max_len:
-            raise ValueError(
-                f"prompt ({len(input_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context of {max_len} tokens"
-            )
+            message = f"prompt ({len(input_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context of {max_len} tokens"
+            raise RequestRejected(message, RejectionCode.CONTEXT_LENGTH_EXCEEDED)
         stop_text = IncrementalDetokenizer(self.tokenizer, params.stop) if params.stop else None
-        spec = params.grammar
-        grammar = self.grammars.matcher(spec) if spec is not None else None  # compiled, or ValueError
-        req = Req(
-            rid, list(input_ids), params, namespace, generator=Sampler.generator_for(params), grammar=grammar, stop_text=stop_text
-        )
+        req = Req(rid, list(input_ids), params, namespace, generator=Sampler.generator_for(params), stop_text=stop_text)
         if align_up(req.max_kv_len, self.engine.page_size) > self.cache_manager.capacity:
-            raise ValueError(
-                f"request needs {req.max_kv_len} KV slots but the pool holds {self.cache_manager.capacity}"
-            )
+            message = f"request needs {req.max_kv_len} KV slots but the pool holds {self.cache_manager.capacity}"
+            raise RequestRejected(message, RejectionCode.KV_CAPACITY_EXCEEDED)
+        spec = params.grammar
+        if spec is not None:  # last: a request refused anyway starts no compile
+            self._start_grammar(req, spec)
         return req
 
+    def _start_grammar(self, req: Req, spec: GrammarSpec) -> None:
+        """Its grammar's cheap checks run now; the compile runs off the loop. A grammar already
+        compiled (or known not to compile) is settled now."""
+        try:
+            pending = self.grammars.submit(spec)
+            if pending.done():
+                req.grammar = pending.matcher()
+            else:
+                req.pending_grammar = pending
+        except ValueError as e:
+            raise _grammar_rejected(spec, e) from None
+
+    def wait_for_grammar(self, req: Req) -> None:
+        """Block until ``req``'s grammar is compiled, for a caller with nothing to run meanwhile (offline
+        ``generate``, before it queues anything); ``RequestRejected`` if it does not compile in time."""
+        pending, req.pending_grammar = req.pending_grammar, None
+        if pending is not None:
+            try:
+                req.grammar = pending.matcher(block=True)
+            except ValueError as e:
+                raise _grammar_rejected(pending.spec, e) from None
+
     def add(self, req: Req) -> None:
-        self.waiting.append(req)
+        (self.compiling if req.pending_grammar is not None else self.waiting).append(req)
 
     def abort(self, rid: int) -> bool:
         """Drop a request wherever it is; its KV goes back at once. False if it is unknown."""
+        for req in self.compiling:
+            if req.rid == rid:
+                self.compiling.remove(req)
+                self._drop_pending_grammar(req)
+                req.finish_reason = "abort"
+                return True
         for req in self.waiting:
             if req.rid == rid:
                 self.waiting.remove(req)
@@ -112,24 +164,34 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.compiling)
 
     # -- the loop ------------------------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
-        plan = self.planner.plan(self.waiting, self.running)
-        self._admit(plan)
-        work = self._prefill_pass(plan) if plan.reqs else self._decode_pass()
+        outputs = self._settle_grammars()
+        work = self._next_pass()
+        if work is None and (self.compiling or self._advancing):
+            # Nothing to compute until a grammar is ready: wait for one rather than spin.
+            wait(self._grammar_futures(), timeout=GRAMMAR_IDLE_WAIT_S, return_when=FIRST_COMPLETED)
+            outputs += self._settle_grammars()
+            work = self._next_pass()
         if work is None:
-            return []
+            return outputs
         start = time.perf_counter()
         sampled = self.runner.forward(work.batch)  # an exception here is the engine's: every request fails
-        self._record_pass(work, plan, time.perf_counter() - start)
+        self._record_pass(work, time.perf_counter() - start)
         next_ids = sampled.next_ids.tolist()
-        outputs: list[TokenOutput] = []
         for row, req in enumerate(work.sampled):
             error = sampled.errors.get(row)
             outputs += [self._fail(req, error)] if error is not None else self._process_token(req, next_ids[row])
-        return outputs
+        # Grammar work takes microseconds for most grammars: waited for, so their tokens go out now.
+        wait([self._advancing[r] for r in work.sampled if r in self._advancing], timeout=GRAMMAR_STEP_WAIT_S)
+        return outputs + self._take_advanced()
+
+    def _next_pass(self) -> ForwardPass | None:
+        plan = self.planner.plan(self.waiting, self.running)
+        self._admit(plan)
+        return self._forward_pass(plan)
 
     def _admit(self, plan: PrefillPlan) -> None:
         for req in plan.admitted:
@@ -138,48 +200,47 @@ class Scheduler:
             self.stats.prompt_tokens += req.prompt_len
             self.stats.cached_tokens += req.cached_prompt_tokens
 
-    def _prefill_pass(self, plan: PrefillPlan) -> ForwardPass:
-        decoding = [r for r in self.running if not r.is_prefilling]
-        # A decoding request has one new token, or more after a jump-forward.
-        reqs, lens = plan.reqs + decoding, plan.lens + [r.extend_len for r in decoding]
-        self.cache_manager.allocate(reqs, [r.device_len + n for r, n in zip(reqs, lens)])
-        return ForwardPass.build(reqs, lens, True, self.engine.table.page_table)
-
-    def _decode_pass(self) -> ForwardPass | None:
-        reqs = [r for r in self.running if not r.is_prefilling]
-        if not reqs:
+    def _forward_pass(self, plan: PrefillPlan) -> ForwardPass | None:
+        """The planned prefill chunks and every decoding request (one new token, or more after a
+        jump-forward), with their KV slots allocated; None if there is nothing to compute."""
+        decoding = [r for r in self.running if not r.is_prefilling and r not in self._advancing]
+        if not plan.reqs and not decoding:
             return None
-        self.cache_manager.allocate(reqs, [r.seq_len for r in reqs])
-        lens = [r.extend_len for r in reqs]
-        # A request that jumped forward has several new tokens: computed in an extend (prefill) pass.
-        return ForwardPass.build(reqs, lens, any(n > 1 for n in lens), self.engine.table.page_table)
+        chunk_ends = [r.device_len + n for r, n in zip(plan.reqs, plan.lens)]
+        self.cache_manager.allocate(plan.reqs + decoding, chunk_ends + [r.seq_len for r in decoding])
+        return ForwardPass.build(plan.reqs, plan.lens, decoding, self.engine.table.page_table)
 
-    def _record_pass(self, work: ForwardPass, plan: PrefillPlan, elapsed: float) -> None:
+    def _record_pass(self, work: ForwardPass, elapsed: float) -> None:
         """The KV is computed: advance every request, hand prefilled KV to the cache, count."""
-        self.stats.forward_passes += 1
         for req, n in zip(work.reqs, work.batch.extend_lens.tolist()):
             req.device_len += n
-        if work.batch.is_prefill:
-            self.stats.prefill_seconds += elapsed
-            self.stats.prefill_tokens += sum(plan.lens)
-            for req in plan.reqs:
-                self.cache_manager.commit(req, finished=False)
-        else:
-            self.stats.decode_seconds += elapsed
-            self.stats.decode_steps += 1
-            self.stats.decode_tokens += len(work.reqs)
-            self.stats.decode_kv_tokens += sum(r.device_len for r in work.reqs)
+        for req in work.prefilled:
+            self.cache_manager.commit(req, finished=False)
+        kv_read = sum(r.device_len for r in work.reqs)
+        self.stats.record_pass(work.prefill_tokens, work.decode_tokens, kv_read, elapsed)
 
     def _process_token(self, req: Req, token: int) -> list[TokenOutput]:
-        """Everything done per request with its sampled token: append it (and the tokens its
-        grammar forces after it), check whether the request finished, retire it if so. One output
-        per appended token, the last carrying the finish reason."""
-        kept = len(req.token_ids)
+        """Everything done per request with its sampled token starts here: append it; a request with
+        a grammar then hands the token to it on a thread (``GrammarMatcher.advance``: accept it, the
+        jump-forward, the next mask) and is finished when that is done (``_take_advanced``)."""
         req.token_ids.append(token)
+        if req.grammar is None:
+            return self._finish_token(req, None)
+        jump_limit = req.params.max_tokens - len(req.output_ids) if self.jump_forward else 0
+        self._advancing[req] = self._grammar_steps.submit(req.grammar.advance, token, self.tokenizer, jump_limit)
+        return []
+
+    def _finish_token(self, req: Req, grammar_step: Future[list[int]] | None) -> list[TokenOutput]:
+        """The rest, once its grammar (if any) took the sampled token (the last of ``token_ids``):
+        append the tokens the grammar forces after it (jump-forward, computed together in the next
+        pass), check whether the request finished, retire it if so. One output per appended token,
+        the last carrying the finish reason. A grammar that rejects the token (the mask makes that a
+        bug) or a failing stop check fails this request alone."""
+        kept = len(req.token_ids) - 1
         try:
-            forced = self._advance_grammar(req, token)
+            forced = grammar_step.result() if grammar_step is not None else []
             req.token_ids.extend(forced)
-            tokens = [token, *forced]
+            tokens = req.token_ids[kept:]
             reason = self._finish_reason(req, tokens)
         except Exception as e:  # noqa: BLE001 - its grammar or stop handling failed: only this request fails
             del req.token_ids[kept:]  # the tokens it failed on are not its output (and have no KV)
@@ -187,19 +248,45 @@ class Scheduler:
         self.stats.generated_tokens += len(tokens)
         if reason is not None:
             self._retire(req, reason)
-        return [TokenOutput(req.rid, t, reason if i == len(tokens) - 1 else None) for i, t in enumerate(tokens)]
+        last = len(tokens) - 1
+        return [
+            TokenOutput(req.rid, t, reason if i == last else None, req.cached_prompt_tokens) for i, t in enumerate(tokens)
+        ]
 
-    def _advance_grammar(self, req: Req, token: int) -> list[int]:
-        """Feed the sampled token to the request's grammar; returns the tokens the grammar forces next
-        (jump-forward), appended without sampling and computed together in the next pass. Raises if
-        the grammar rejects the token (the mask makes that a bug): that request alone fails."""
-        if req.grammar is None:
-            return []
-        if not req.grammar.accept(token):
-            raise RuntimeError(f"sampled token {token} is outside the request's grammar")
-        if not self.jump_forward or req.grammar.is_terminated:
-            return []
-        return req.grammar.jump_forward(self.tokenizer, req.params.max_tokens - len(req.output_ids))
+    # -- grammars off the loop -----------------------------------------------------------------
+    def _settle_grammars(self) -> list[TokenOutput]:
+        """Requests whose grammar compiled join ``waiting``; those whose grammar failed (or ran out of
+        time) are rejected, with an output; tokens whose grammar work is done are finished."""
+        outputs: list[TokenOutput] = []
+        for req in [r for r in self.compiling if r.pending_grammar is not None and r.pending_grammar.done()]:
+            self.compiling.remove(req)
+            pending, req.pending_grammar = req.pending_grammar, None
+            try:
+                req.grammar = pending.matcher()
+            except ValueError as e:
+                req.rejection = _grammar_rejected(pending.spec, e)
+                req.finish_reason, req.error = "rejected", str(e)
+                outputs.append(TokenOutput(req.rid, -1, "rejected", 0, req.error))
+            else:
+                self.waiting.append(req)
+        return outputs + self._take_advanced()
+
+    def _take_advanced(self) -> list[TokenOutput]:
+        outputs: list[TokenOutput] = []
+        for req, future in list(self._advancing.items()):
+            if future.done():
+                del self._advancing[req]
+                outputs += self._finish_token(req, future)
+        return outputs
+
+    def _grammar_futures(self) -> list[Future[Any]]:
+        compiles = [r.pending_grammar.future for r in self.compiling if r.pending_grammar is not None]
+        return [*compiles, *self._advancing.values()]
+
+    def _drop_pending_grammar(self, req: Req) -> None:
+        if req.pending_grammar is not None:
+            req.pending_grammar.release()  # a compile nobody waits for any more is dropped if not started
+            req.pending_grammar = None
 
     def _finish_reason(self, req: Req, tokens: list[int]) -> str | None:
         """``tokens``: just appended, the first sampled, the rest forced by the grammar."""
@@ -223,10 +310,11 @@ class Scheduler:
         logger.error("request %s failed: %s", req.rid, error)
         req.error = error
         self._retire(req, "error")
-        return TokenOutput(req.rid, -1, "error", error)
+        return TokenOutput(req.rid, -1, "error", req.cached_prompt_tokens, error)
 
     def _retire(self, req: Req, reason: str) -> None:
         req.finish_reason = reason
+        self._advancing.pop(req, None)  # aborted while its grammar took a token: the result is dropped
         self.cache_manager.commit(req, finished=True)
         self.running.remove(req)
         self.stats.finished_requests += 1
@@ -234,9 +322,8 @@ class Scheduler:
     # -- cache control, accounting, stats ------------------------------------------------------
     def flush_cache(self) -> None:
         if self.has_work:
-            raise RuntimeError(
-                f"cannot flush the cache while {len(self.running)} requests run and {len(self.waiting)} wait"
-            )
+            waiting = len(self.waiting) + len(self.compiling)
+            raise RuntimeError(f"cannot flush the cache while {len(self.running)} requests run and {waiting} wait")
         self.cache_manager.flush()
 
     def check_accounting(self) -> None:
@@ -255,10 +342,22 @@ class Scheduler:
         }
 
     def snapshot(self) -> StatsSnapshot:
-        return StatsSnapshot(replace(self.stats), len(self.running), len(self.waiting), self.kv_usage())
+        return StatsSnapshot(
+            replace(self.stats),
+            len(self.running),
+            len(self.waiting) + len(self.compiling),  # those waiting for their grammar too
+            self.kv_usage(),
+            dict(self.engine.memory),
+        )
 
     def shutdown(self) -> None:
         """Abort everything still queued and stop the runner (tensor parallelism: the other ranks)."""
-        for req in list(self.waiting) + list(self.running):
+        for req in [*self.compiling, *self.waiting, *self.running]:
             self.abort(req.rid)
+        self.grammars.shutdown()
+        self._grammar_steps.shutdown(wait=False, cancel_futures=True)
         self.runner.shutdown()
+
+
+def _grammar_rejected(spec: GrammarSpec, error: ValueError) -> RequestRejected:
+    return RequestRejected(str(error), RejectionCode.INVALID_GRAMMAR, spec.kind)

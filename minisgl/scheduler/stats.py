@@ -15,19 +15,36 @@ class EngineStats:
 
     prompt_tokens: int = 0  # prompt tokens of every admitted request
     cached_tokens: int = 0  # of those, reused from the prefix cache
-    prefill_tokens: int = 0  # tokens actually computed in prefill passes
+    prefill_tokens: int = 0  # prompt tokens actually computed
     generated_tokens: int = 0
     finished_requests: int = 0
-    forward_passes: int = 0  # of any kind (a jump-forward's extend pass too)
+    forward_passes: int = 0  # of any kind
+    # A pass that computes prompt tokens is a prefill pass; one that computes none is a decode step,
+    # whatever its attention (after a jump-forward a request computes several tokens in a step).
     prefill_seconds: float = 0.0  # wall time of prefill passes, decode tokens riding along included
-    decode_seconds: float = 0.0  # wall time of decode-only passes (forward and sampling)
+    prefill_decode_tokens: int = 0  # tokens of decoding requests riding along prefill passes
+    decode_seconds: float = 0.0  # wall time of decode steps (forward and sampling)
     decode_steps: int = 0
-    decode_tokens: int = 0  # tokens sampled by decode-only passes
+    decode_tokens: int = 0  # tokens computed by decode steps: one per request, more after a jump-forward
     decode_kv_tokens: int = 0  # KV entries attended over all decode steps (what decode reads)
 
     @property
     def hit_rate(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def record_pass(self, prefill_tokens: int, decode_tokens: int, kv_tokens: int, seconds: float) -> None:
+        """Book one forward pass by what its requests computed: ``prefill_tokens`` prompt tokens,
+        ``decode_tokens`` after the prompt, attending ``kv_tokens`` KV entries in all."""
+        self.forward_passes += 1
+        if prefill_tokens:
+            self.prefill_seconds += seconds
+            self.prefill_tokens += prefill_tokens
+            self.prefill_decode_tokens += decode_tokens
+        else:
+            self.decode_seconds += seconds
+            self.decode_steps += 1
+            self.decode_tokens += decode_tokens
+            self.decode_kv_tokens += kv_tokens
 
 
 class StatsSnapshot(msgspec.Struct, tag=True):
@@ -37,13 +54,15 @@ class StatsSnapshot(msgspec.Struct, tag=True):
     running: int = 0
     waiting: int = 0
     kv: dict[str, int] = {}  # KV pool slots by state (Scheduler.kv_usage)
+    memory: dict[str, int] = {}  # bytes by part: weights, kv_pool, dequant_buffer (Engine.memory)
 
     def as_dict(self) -> dict[str, Any]:
-        """Flat: every counter, ``hit_rate``, ``running``, ``waiting`` and ``kv_<state>``."""
+        """Flat: every counter, ``hit_rate``, ``running``, ``waiting``, ``kv_<state>`` and ``memory_<part>_bytes``."""
         return {
             **asdict(self.counters),
             "hit_rate": self.counters.hit_rate,
             "running": self.running,
             "waiting": self.waiting,
             **{f"kv_{k}": v for k, v in self.kv.items()},
+            **{f"memory_{k}_bytes": v for k, v in self.memory.items()},
         }

@@ -17,6 +17,8 @@ from minisgl.server.engine_client import EngineDead
 from minisgl.server.errors import ApiError, InternalErrors
 from minisgl.server.native_api import native_router
 from minisgl.server.openai_api import openai_router
+from minisgl.server.protocol import ControlOp, ControlReply
+from minisgl.server.web import debug_router, page_router
 
 logger = logging.getLogger("minisgl.server")
 
@@ -30,6 +32,7 @@ def create_app(ctx: ServerContext, address: str) -> FastAPI:
             ctx.model_name, address, ready.kv_capacity, ready.page_size, ready.max_seq_len, ready.pid,
             ", API key required" if ctx.api_key else "",
         )  # fmt: skip
+        logger.info("web page (chat, and the radix cache drawn live): %s/", address)
         try:
             yield
         finally:
@@ -74,7 +77,7 @@ def create_app(ctx: ServerContext, address: str) -> FastAPI:
 
     @app.post("/flush_cache", dependencies=guarded)
     async def flush_cache() -> Response:
-        reply = await _control(ctx, "flush_cache")
+        reply = await _control(ctx, ControlOp.FLUSH_CACHE)
         if not reply.ok:
             raise ApiError(409, reply.message)
         return JSONResponse({"message": reply.message})
@@ -82,16 +85,18 @@ def create_app(ctx: ServerContext, address: str) -> FastAPI:
     @app.get("/debug/kv", dependencies=guarded)
     async def debug_kv() -> Response:
         """Runs the KV accounting check in the scheduler process and returns the pool usage."""
-        reply = await _control(ctx, "debug_kv")
+        reply = await _control(ctx, ControlOp.DEBUG_KV)
         body = {"ok": reply.ok, "message": reply.message, **reply.data}
         return JSONResponse(body, status_code=200 if reply.ok else 500)
 
+    app.include_router(page_router(api_key_required=ctx.api_key is not None))  # no data in it: open
+    app.include_router(debug_router(ctx), dependencies=guarded)
     app.include_router(openai_router(ctx), dependencies=guarded)
     app.include_router(native_router(ctx), dependencies=guarded)
     return app
 
 
-async def _control(ctx: ServerContext, op: str) -> Any:
+async def _control(ctx: ServerContext, op: ControlOp) -> ControlReply:
     try:
         return await ctx.client.control(op)
     except EngineDead as e:

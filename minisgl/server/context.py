@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from transformers import PreTrainedTokenizerBase
 
-from minisgl.sampling import SamplingParams
+from minisgl.sampling import RequestRejected, SamplingParams
 from minisgl.server.engine_client import EngineClient
 from minisgl.server.errors import ApiError
 from minisgl.server.generation import Generation, sample_params
 from minisgl.server.metrics import ServerMetrics
 from minisgl.server.schemas import read_body
-
-_PARAM_NAMES = {f.name for f in fields(SamplingParams)}
 
 
 @dataclass
@@ -53,10 +51,9 @@ class ServerContext:
         for i, sample in enumerate(sample_params(params, n)):
             try:
                 sample.validate(self.client.ready.vocab_size)
-            except ValueError as e:
-                name = str(e).split(" ", 1)[0]
-                message = f"{e} (sample {i} of n={n} uses seed + {i})" if i > 0 else str(e)
-                raise ApiError(400, message, param=name if name in _PARAM_NAMES else None) from None
+            except RequestRejected as e:
+                message = f"{e.message} (sample {i} of n={n} uses seed + {i})" if i > 0 else e.message
+                raise ApiError(400, message, param=e.param, code=e.code.value) from None
 
     def generation(self, prompts: list[list[int]], params: SamplingParams, n: int, namespace: str | None) -> Generation:
         self.validate(params, n)

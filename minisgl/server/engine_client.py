@@ -28,7 +28,10 @@ from minisgl.scheduler.stats import StatsSnapshot
 from minisgl.server.ipc_dir import create_ipc_dir
 from minisgl.server.protocol import (
     Abort,
+    CacheQuery,
+    CacheReport,
     Control,
+    ControlOp,
     ControlReply,
     FromScheduler,
     Ready,
@@ -63,7 +66,7 @@ class EngineClient:
         self._rids = itertools.count()
         self._call_ids = itertools.count()
         self._routes: dict[int, tuple[asyncio.Queue[tuple[int, Event]], int]] = {}
-        self._calls: dict[int, asyncio.Future[ControlReply]] = {}
+        self._calls: dict[int, asyncio.Future[ControlReply | CacheReport]] = {}
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(FromScheduler)
         self._closing = False
@@ -175,16 +178,27 @@ class EngineClient:
         if live and not self.dead:
             self._send(Abort(live))
 
-    async def control(self, op: str) -> ControlReply:
+    async def control(self, op: ControlOp) -> ControlReply:
+        reply = await self._call(Control(next(self._call_ids), op))
+        assert isinstance(reply, ControlReply)
+        return reply
+
+    async def cache_report(self, max_nodes: int, head_tokens: int, cache_salt: str | None) -> CacheReport:
+        """The scheduler's read-only picture of the prefix cache and the queues (the debug page's data)."""
+        reply = await self._call(CacheQuery(next(self._call_ids), max_nodes, head_tokens, cache_salt))
+        assert isinstance(reply, CacheReport)
+        return reply
+
+    async def _call(self, msg: Control | CacheQuery) -> ControlReply | CacheReport:
+        """Send ``msg`` and wait for the reply that carries its ``call_id``."""
         if self.dead:
             raise EngineDead("the engine process is not running")
-        call_id = next(self._call_ids)
-        future: asyncio.Future[ControlReply] = asyncio.get_running_loop().create_future()
-        self._calls[call_id] = future
-        self._send(Control(call_id, op))
+        future: asyncio.Future[ControlReply | CacheReport] = asyncio.get_running_loop().create_future()
+        self._calls[msg.call_id] = future
+        self._send(msg)
         return await future
 
-    def _send(self, msg: Submit | Abort | Control) -> None:
+    def _send(self, msg: Submit | Abort | Control | CacheQuery) -> None:
         self._out.send(self._encoder.encode(msg), copy=False)
 
     # -- routing -------------------------------------------------------------------------------
@@ -195,7 +209,7 @@ class EngineClient:
                 self._route(msg)
             elif isinstance(msg, StatsSnapshot):
                 self.stats = msg
-            elif isinstance(msg, ControlReply):
+            elif isinstance(msg, (ControlReply, CacheReport)):
                 future = self._calls.pop(msg.call_id, None)
                 if future is not None and not future.done():
                     future.set_result(msg)

@@ -95,7 +95,7 @@ class Generation:
                     pending -= 1
                 elif isinstance(event, Rejection):
                     self.samples[index].finish_reason = "rejected"
-                    raise ApiError(400, event.message, code=_rejection_code(event.message))
+                    raise ApiError(400, event.message, param=event.param, code=event.code.value)
                 elif isinstance(event, EngineDead):
                     raise event
                 else:
@@ -193,7 +193,3 @@ def sample_params(params: SamplingParams, n: int) -> list[SamplingParams]:
     if params.seed is None:
         return [params] * n
     return [replace(params, seed=params.seed + i) for i in range(n)]
-
-
-def _rejection_code(message: str) -> str | None:
-    return "context_length_exceeded" if "context" in message else None

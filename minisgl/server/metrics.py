@@ -42,6 +42,10 @@ class _SchedulerCollector(Collector):
         yield CounterMetricFamily(
             "minisgl_kv_evicted_tokens", "KV slots evicted from the prefix cache", value=snapshot.kv.get("evicted_total", 0)
         )
+        memory = GaugeMetricFamily("minisgl_memory_bytes", "Memory held by part (weights, KV pool, buffers)", labels=["part"])
+        for part, size in snapshot.memory.items():
+            memory.add_metric([part], size)
+        yield memory
 
 
 class ServerMetrics:

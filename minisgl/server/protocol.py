@@ -7,9 +7,13 @@ and detokenizes so the scheduler loop only runs forward passes.
 
 from __future__ import annotations
 
+from enum import Enum
+from typing import Literal
+
 import msgspec
 
-from minisgl.sampling import SamplingParams
+from minisgl.kvcache.snapshot import TreeSnapshot
+from minisgl.sampling import RejectionCode, SamplingParams
 from minisgl.scheduler.stats import StatsSnapshot
 
 # -- front end -> scheduler -------------------------------------------------------------------
@@ -26,14 +30,28 @@ class Abort(msgspec.Struct, tag=True):
     rids: list[int]
 
 
+class ControlOp(Enum):
+    FLUSH_CACHE = "flush_cache"  # empty the prefix cache (refused while requests run)
+    DEBUG_KV = "debug_kv"  # check the KV accounting and report the pool's usage
+
+
 class Control(msgspec.Struct, tag=True):
     """A call answered by one ``ControlReply`` with the same ``call_id``."""
 
     call_id: int
-    op: str  # "flush_cache" | "debug_kv"
+    op: ControlOp
 
 
-ToScheduler = Submit | Abort | Control
+class CacheQuery(msgspec.Struct, tag=True):
+    """Asks for the debug page's picture of the cache and the queues; answered by one ``CacheReport``."""
+
+    call_id: int
+    max_nodes: int
+    head_tokens: int  # token ids sent per node (the start of its text)
+    cache_salt: str | None = None  # the caller's own namespace, whose tokens are shown too
+
+
+ToScheduler = Submit | Abort | Control | CacheQuery
 
 # -- scheduler -> front end -------------------------------------------------------------------
 
@@ -57,15 +75,20 @@ class Token(msgspec.Struct, array_like=True):
 
 
 class Rejection(msgspec.Struct, array_like=True):
+    """A ``Submit`` the scheduler refused: the fields of its ``RequestRejected``."""
+
     rid: int
     message: str
+    code: RejectionCode
+    param: str | None = None  # the SamplingParams field at fault; None: the request as a whole
 
 
 class StepOutput(msgspec.Struct, tag=True):
     """Answers to the submissions drained in one loop iteration, or the tokens of one step (batched).
 
     ``accepted``/``rejected`` answer each ``Submit`` (validation happens in the scheduler, which
-    knows the pool), so a streaming response can still fail with a 400 before it starts.
+    knows the pool), so a streaming response can still fail with a 400 before it starts. A request
+    whose grammar compiles is answered with the tokens of the step in which its compile ended.
     """
 
     accepted: list[int] = []
@@ -80,4 +103,24 @@ class ControlReply(msgspec.Struct, tag=True):
     data: dict[str, int] = {}
 
 
-FromScheduler = Ready | StepOutput | ControlReply | StatsSnapshot
+RequestState = Literal["waiting", "prefill", "decode"]
+
+
+class RequestView(msgspec.Struct, array_like=True):
+    rid: int
+    state: RequestState
+    namespace: str  # its namespace's label, never a cache_salt
+    prompt_tokens: int
+    cached_tokens: int
+    generated_tokens: int
+    max_tokens: int
+
+
+class CacheReport(msgspec.Struct, tag=True):
+    call_id: int
+    tree: TreeSnapshot | None  # None: the cache keeps no tree (``--cache-type naive``)
+    requests: list[RequestView]  # running, then waiting
+    stats: StatsSnapshot
+
+
+FromScheduler = Ready | StepOutput | ControlReply | StatsSnapshot | CacheReport

@@ -7,8 +7,11 @@ a killed front end never leaves an orphan holding the model's memory.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import os
+import secrets
 import signal
 import time
 
@@ -17,13 +20,19 @@ import zmq
 
 from minisgl.config import EngineConfig
 from minisgl.request import Req
+from minisgl.sampling import RequestRejected
 from minisgl.scheduler.scheduler import Scheduler
 from minisgl.server.protocol import (
     Abort,
+    CacheQuery,
+    CacheReport,
     Control,
+    ControlOp,
     ControlReply,
     Ready,
     Rejection,
+    RequestState,
+    RequestView,
     StepOutput,
     Submit,
     Token,
@@ -41,11 +50,16 @@ STATS_INTERVAL_S = 0.5
 class SchedulerLoop:
     def __init__(self, scheduler: Scheduler, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: int) -> None:
         self.scheduler, self.inbox, self.outbox, self.parent_pid = scheduler, inbox, outbox, parent_pid
-        self.reqs: dict[int, Req] = {}  # unfinished requests, for the cached-token count of each output
         self.decoder = msgspec.msgpack.Decoder(ToScheduler)
         self.encoder = msgspec.msgpack.Encoder()
         self._stats_due = True
         self._last_stats = 0.0
+        # Submitted requests whose grammar compiles: answered (accepted or rejected) once it is done,
+        # so that a grammar that does not compile is still a 400, before any stream starts.
+        self._unanswered: dict[int, Req] = {}
+        # Namespaces are shown by a keyed hash of their cache_salt: stable while this process
+        # lives, and no use for guessing a short salt offline.
+        self._label_key = secrets.token_bytes(16)
 
     def run(self) -> None:
         # The parent's death re-parents us (getppid changes); checked every iteration, at worst once per step.
@@ -56,9 +70,9 @@ class SchedulerLoop:
                 # Answered before the forward pass, which can be long: a 400 or a stream start waits for this.
                 self.outbox.send(self.encoder.encode(answers))
             if self.scheduler.has_work:
-                tokens = self._step()
-                if tokens:
-                    self.outbox.send(self.encoder.encode(StepOutput(tokens=tokens)))
+                out = self._step()
+                if out.tokens or out.accepted or out.rejected:
+                    self.outbox.send(self.encoder.encode(out))
             self._maybe_send_stats()
         logger.warning("parent process %d is gone; scheduler exits", self.parent_pid)
 
@@ -68,55 +82,90 @@ class SchedulerLoop:
             self._handle(self.decoder.decode(self.inbox.recv()), out)
             timeout = 0
 
-    def _handle(self, msg: Submit | Abort | Control, out: StepOutput) -> None:
+    def _handle(self, msg: Submit | Abort | Control | CacheQuery, out: StepOutput) -> None:
         if isinstance(msg, Submit):
             try:
                 req = self.scheduler.make_request(msg.rid, msg.input_ids, msg.params, msg.namespace)
-            except ValueError as e:
-                out.rejected.append(Rejection(msg.rid, str(e)))
+            except RequestRejected as e:
+                out.rejected.append(Rejection(msg.rid, e.message, e.code, e.param))
                 return
             self.scheduler.add(req)
-            self.reqs[msg.rid] = req
-            out.accepted.append(msg.rid)
+            if req.pending_grammar is None:
+                out.accepted.append(msg.rid)
+            else:
+                self._unanswered[msg.rid] = req
         elif isinstance(msg, Abort):
             for rid in msg.rids:
                 # Unknown rids are normal: the request may have finished while the abort was in flight.
-                if self.reqs.pop(rid, None) is not None:
-                    self.scheduler.abort(rid)
+                self._unanswered.pop(rid, None)
+                self.scheduler.abort(rid)
+        elif isinstance(msg, CacheQuery):
+            self.outbox.send(self.encoder.encode(self._cache_report(msg)))
         else:
             self.outbox.send(self.encoder.encode(self._control(msg)))
         self._stats_due = True
 
-    def _step(self) -> list[Token]:
-        tokens = []
+    def _step(self) -> StepOutput:
+        """One step's tokens, and the answers to the submissions whose grammar compiled meanwhile."""
+        out = StepOutput()
         for o in self.scheduler.step():
-            req = self.reqs[o.rid]
-            tokens.append(Token(o.rid, o.token_id, o.finish_reason, req.cached_prompt_tokens, o.error))
-            if o.finish_reason is not None:
-                del self.reqs[o.rid]
+            if o.finish_reason != "rejected":
+                out.tokens.append(Token(o.rid, o.token_id, o.finish_reason, o.cached_tokens, o.error))
+                continue
+            rejected = self._unanswered.pop(o.rid, None)
+            if rejected is not None and rejected.rejection is not None:  # its grammar did not compile
+                e = rejected.rejection
+                out.rejected.append(Rejection(o.rid, e.message, e.code, e.param))
+        for rid, req in list(self._unanswered.items()):
+            if req.pending_grammar is None:  # compiled: it waits for admission like any request now
+                del self._unanswered[rid]
+                out.accepted.append(rid)
         self._stats_due = True
-        return tokens
+        return out
 
     def _control(self, msg: Control) -> ControlReply:
-        if msg.op == "flush_cache":
+        if msg.op is ControlOp.FLUSH_CACHE:
             try:
                 self.scheduler.flush_cache()
             except RuntimeError as e:
                 return ControlReply(msg.call_id, False, str(e))
             return ControlReply(msg.call_id, True, "cache flushed")
-        if msg.op == "debug_kv":
-            usage = {
-                **self.scheduler.kv_usage(),
-                "running": len(self.scheduler.running),
-                "waiting": len(self.scheduler.waiting),
-                "scheduler_pid": os.getpid(),
-            }
-            try:
-                self.scheduler.check_accounting()
-            except AssertionError as e:
-                return ControlReply(msg.call_id, False, f"KV accounting is broken: {e}", usage)
-            return ControlReply(msg.call_id, True, "KV accounting balanced", usage)
-        return ControlReply(msg.call_id, False, f"unknown control op {msg.op!r}")
+        assert msg.op is ControlOp.DEBUG_KV, msg.op
+        usage = {
+            **self.scheduler.kv_usage(),
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "scheduler_pid": os.getpid(),
+        }
+        try:
+            self.scheduler.check_accounting()
+        except AssertionError as e:
+            return ControlReply(msg.call_id, False, f"KV accounting is broken: {e}", usage)
+        return ControlReply(msg.call_id, True, "KV accounting balanced", usage)
+
+    def _cache_report(self, msg: CacheQuery) -> CacheReport:
+        """Read-only: the tree is walked without a lookup, so nothing is split or refreshed."""
+        shown = {None, msg.cache_salt}  # the shared namespace, and the caller's own
+        cache = self.scheduler.cache_manager.cache
+        tree = cache.snapshot(msg.max_nodes, msg.head_tokens, self._namespace_label, shown)
+        requests = [
+            self._request_view(req, "prefill" if req.is_prefilling else "decode") for req in self.scheduler.running
+        ]
+        requests += [self._request_view(req, "waiting") for req in self.scheduler.waiting]
+        return CacheReport(msg.call_id, tree, requests, self.scheduler.snapshot())
+
+    def _request_view(self, req: Req, state: RequestState) -> RequestView:
+        generated = req.seq_len - req.prompt_len
+        namespace = self._namespace_label(req.namespace)
+        return RequestView(
+            req.rid, state, namespace, req.prompt_len, req.cached_prompt_tokens, generated, req.params.max_tokens
+        )
+
+    def _namespace_label(self, namespace: str | None) -> str:
+        if namespace is None:
+            return "shared"
+        digest = hmac.new(self._label_key, namespace.encode(), hashlib.sha256).hexdigest()
+        return f"salt {digest[:12]}"
 
     def _maybe_send_stats(self) -> None:
         now = time.monotonic()
@@ -140,6 +189,7 @@ def run_scheduler(config: EngineConfig, inbox_addr: str, outbox_addr: str, paren
     outbox.setsockopt(zmq.LINGER, 0)
     outbox.connect(outbox_addr)
     scheduler = Scheduler.from_config(config)
+    scheduler.grammars.prepare()  # once, now: the first grammar then holds up nobody
     engine = scheduler.engine
     ready = Ready(
         os.getpid(), engine.max_seq_len, scheduler.vocab_size, scheduler.cache_manager.capacity, engine.page_size
