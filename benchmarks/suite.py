@@ -90,10 +90,12 @@ def _run_online(
     logger.info("online: starting %s", name)
     start = time.perf_counter()
     with factory() as system:
-        ready_s = time.perf_counter() - start  # to healthy, plus the warm-up requests
+        ready_s: float | None = None
         runs = []
         for w in workloads:
             url = system.fresh()  # before OtherLoad: llama-server restarts, so its pid changes here
+            if ready_s is None:  # to healthy and warmed up (a system that restarts per workload: in fresh())
+                ready_s = time.perf_counter() - start
             others = OtherLoad(system.pid)
             runs.append(
                 online_runner.run_online(system, url, w, tokenizer, args.request_rate, args.max_concurrency, args.seed)

@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from minisgl import LLM, SamplingParams
 from minisgl.layers.linear import Linear
-from minisgl.layers.quant import Int4Weight
+from minisgl.layers.quant import Int4Weight, Int8Weight
 from minisgl.models.gguf import gguf_model_folder
 from minisgl.models.perplexity import sequence_logits
 
@@ -133,5 +133,11 @@ def test_quantized_gguf_runs_in_place_on_its_own_codes(kind: str, tmp_path: Path
     finally:
         exact.shutdown()
         quantized.shutdown()
+    # int8 asked for: every projection rounded to int8 from the file's dequantized values, not the file's int4.
+    rounded = LLM(str(path), quantization="int8", num_page_override=64)
+    try:
+        assert all(isinstance(m.quantized, Int8Weight) for m in rounded.scheduler.engine.model.modules() if isinstance(m, Linear))
+    finally:
+        rounded.shutdown()
     written = [p for p in cache.rglob("*") if p.is_file() and p.parent.name != "kernels"]
     assert written and not any(p.suffix in (".safetensors", ".bin") for p in written)

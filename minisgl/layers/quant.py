@@ -40,6 +40,7 @@ INT4_BLOCK = 2 * INT4_GROUP  # the C kernel's unit: two groups' codes in 32 byte
 # The shared bf16 buffer's largest size (64 MiB): a 1.7B model's largest projection (gate/up,
 # 16384 x 2048) in one band; a larger weight is expanded band by band.
 DEQUANT_BUFFER_ELEMENTS = 1 << 25
+_QUANTIZE_BAND = 4096  # rows of a weight rounded to int8 at once (bounds the fp32 temporaries)
 _INT4_INNER_K_TILES = 2  # torch's int4 packing's tile parameter (2, 4 or 8; 2 divides every K that is a multiple of 32)
 
 
@@ -259,9 +260,16 @@ class Int8Weight(QuantizedWeight):
 
     @classmethod
     def quantize(cls, w: torch.Tensor) -> Int8Weight:
-        """Symmetric round-to-nearest per output row (torch's kernel has one scale per row)."""
-        scale = w.float().abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
-        return cls((w.float() / scale.unsqueeze(1)).round().clamp(-127, 127), scale)
+        """Symmetric round-to-nearest per output row (torch's kernel has one scale per row), a band of
+        rows at a time: a vocabulary-sized weight's fp32 temporaries would otherwise double its size."""
+        codes = torch.empty(w.shape, dtype=torch.int8)
+        scale = torch.empty(w.shape[0])
+        for start in range(0, w.shape[0], _QUANTIZE_BAND):
+            band = w[start : start + _QUANTIZE_BAND].float()
+            step = band.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+            codes[start : start + len(band)] = (band / step.unsqueeze(1)).round_().clamp_(-127, 127)
+            scale[start : start + len(band)] = step
+        return cls(codes, scale)
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         if self._c_matmul is not None:

@@ -174,8 +174,10 @@ class GGUFTensors:
         from gguf.quants import dequantize
 
         blocks, kind, _ = self._tensors[name]
-        values = np.array(dequantize(blocks, kind), dtype=np.float32)  # copies when dequantize returns a view
-        return torch.from_numpy(values.reshape(self.shape(name)))
+        values = dequantize(blocks, kind)
+        if not values.flags.writeable:  # a view of the read-only map (F32 tensors): copied
+            values = values.copy()
+        return torch.from_numpy(values.astype(np.float32, copy=False).reshape(self.shape(name)))
 
     def int4(self, name: str) -> Int4Weight:
         """The file's 4-bit codes and grid as an ``Int4Weight`` (Q4_0 / Q4_1 / Q4_K, a multiple of
@@ -195,15 +197,16 @@ def _f16(blocks: np.ndarray, offset: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[..., offset : offset + 2]).view(np.float16)[..., 0]
 
 
-def _pair_interleaved(qs: np.ndarray) -> np.ndarray:
-    """Q4_0 / Q4_1 codes ([rows, blocks, 16] bytes: element j low, j + 16 high) in the kernel's layout.
+def _pair_interleaved(words: np.ndarray) -> np.ndarray:
+    """Q4_0 / Q4_1 codes ([rows, blocks, 4] 32-bit words of each block's 16 bytes: element j low,
+    j + 16 high) in the kernel's layout.
 
     The kernel's byte i of a 64-column block pairs column c low with c + 16 high within one group
     of 32, as GGUF's blocks do, its 4-byte chunks alternating between the block's two groups
-    (``quant_gemm.c``): so the layout is the two blocks' bytes interleaved 4 at a time."""
-    rows, count, _ = qs.shape
-    words = np.ascontiguousarray(qs).view(np.uint32).reshape(rows, count // 2, 2, 4)
-    return np.ascontiguousarray(words.transpose(0, 1, 3, 2)).view(np.uint8).reshape(rows, count * 16)
+    (``quant_gemm.c``): so the layout is the two blocks' words interleaved, one copy."""
+    rows, count, _ = words.shape
+    pairs = words.reshape(rows, count // 2, 2, 4).transpose(0, 1, 3, 2)
+    return np.ascontiguousarray(pairs).view(np.uint8).reshape(rows, count * 16)
 
 
 def _weight(codes: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> Int4Weight:
@@ -218,12 +221,14 @@ def _weight(codes: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> Int4We
 def _q4_0(blocks: np.ndarray, columns: int) -> Int4Weight:
     b = blocks.reshape(blocks.shape[0], columns // INT4_GROUP, 18)  # fp16 d, 16 bytes: w = d * (q - 8)
     d = _f16(b, 0)
-    return _weight(_pair_interleaved(b[..., 2:]), d, -8 * d.astype(np.float32))
+    return _weight(_pair_interleaved(np.ascontiguousarray(b[..., 2:]).view(np.uint32)), d, -8 * d.astype(np.float32))
 
 
 def _q4_1(blocks: np.ndarray, columns: int) -> Int4Weight:
     b = blocks.reshape(blocks.shape[0], columns // INT4_GROUP, 20)  # fp16 d, fp16 m, 16 bytes: w = d * q + m
-    return _weight(_pair_interleaved(b[..., 4:]), _f16(b, 0), _f16(b, 2))
+    # 20-byte blocks: 5 words each, the codes words 1-4, read in place (no copy before the interleave).
+    words = np.ascontiguousarray(blocks).view(np.uint32).reshape(blocks.shape[0], -1, 5)[..., 1:]
+    return _weight(_pair_interleaved(words), _f16(b, 0), _f16(b, 2))
 
 
 def _q4_k(blocks: np.ndarray, columns: int) -> Int4Weight:

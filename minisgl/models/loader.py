@@ -201,7 +201,8 @@ def load_model(
         checkpoint: Checkpoint = (
             GGUFCheckpoint(GGUFTensors(gguf_file)) if gguf_file is not None else SafetensorsCheckpoint(folder, stack)
         )
-        plan, summary = plan_quantization(specs, quantization, partial(_read_dense, checkpoint), checkpoint.gguf)
+        gguf = checkpoint.gguf if quantization == "auto" else None  # int4 / int8 round the dense values
+        plan, summary = plan_quantization(specs, quantization, partial(_read_dense, checkpoint), gguf)
         release_dense(specs, plan)
         _load_weights(model, checkpoint, {s for spec in specs if spec.name in plan for s in spec.sources})
     shard = "" if tp is None else f" (tensor-parallel rank {tp.rank} of {tp.size})"
