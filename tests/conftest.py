@@ -68,3 +68,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     path run where the host can execute it and skip, saying why, where it cannot."""
     for path, code in cpu_paths().items():
         terminalreporter.write_line(f"minisgl quantized products, {path}: {code}")
+
+
+def llama_cpp_and_default_gguf() -> Path:
+    """The default GGUF, for a test that runs llama-cpp-python on it; skips without either."""
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed")
+    try:
+        return default_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))

@@ -7,7 +7,6 @@ that crashes fails its test with its message, never the whole run."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import resource
@@ -16,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import llama_cpp_and_default_gguf
 
 from benchmarks.child import ChildFailed, call_in_child, run_child
 from benchmarks.cli import parser
@@ -242,14 +242,7 @@ def _llama_cpp_python_as_on_an_amx_cpu(gguf: str) -> dict[str, object]:
 
 
 def test_the_amx_rule_reaches_llama_cpp_pythons_model_parameters() -> None:
-    if importlib.util.find_spec("llama_cpp") is None:
-        pytest.skip("llama-cpp-python is not installed")
-    from minisgl.models.gguf import default_model_path
-
-    try:
-        gguf = default_model_path()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+    gguf = llama_cpp_and_default_gguf()
     # Extra buffer types off is safe on any CPU (llama.cpp then runs its plain kernels).
     got = call_in_child(_llama_cpp_python_as_on_an_amx_cpu, str(gguf), timeout_s=600)
     assert got == {"use_extra_bufts": False, "tokens": 3}

@@ -4,11 +4,11 @@ never how fast anything was (the CPU is shared)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import llama_cpp_and_default_gguf
 from tiny_models import build_tiny_model
 from transformers import AutoTokenizer
 
@@ -156,15 +156,8 @@ def test_full_harness_on_a_tiny_model(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_llamacpp_reuses_the_previous_prompt_only() -> None:
-    if importlib.util.find_spec("llama_cpp") is None:
-        pytest.skip("llama-cpp-python is not installed")
+    gguf = llama_cpp_and_default_gguf()
     from benchmarks.systems.llamacpp import generate_in_child
-    from minisgl.models.gguf import default_model_path
-
-    try:
-        gguf = default_model_path()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
     shared = list(range(1000, 1040))
     a, b, c = shared + [5, 6], shared + [7, 8], [9] + shared
     # In a child process: a llama.cpp that faults on this CPU fails this test with its signal, not the run.

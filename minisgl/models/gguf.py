@@ -69,7 +69,7 @@ def gguf_model_folder(gguf_path: Path, cache_root: Path | None = None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
     start = time.perf_counter()
     try:
-        _convert_into(gguf_path, tmp)
+        _write_folder(gguf_path, tmp)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -105,7 +105,7 @@ def _check_magic(gguf_path: Path) -> None:
         raise ValueError(f"{gguf_path} is not a GGUF file (magic {magic!r}, expected {_GGUF_MAGIC!r})")
 
 
-def _convert_into(gguf_path: Path, out: Path) -> None:
+def _write_folder(gguf_path: Path, out: Path) -> None:
     reader = open_gguf(gguf_path)
     arch_name = field(reader, "general.architecture")
     arch = gguf_arch(arch_name, gguf_path.name)
