@@ -104,6 +104,14 @@ def test_a_grammar_over_the_time_limit_is_refused_naming_it(tiny_llm: LLM, monke
     sched = tiny_llm.scheduler
     monkeypatch.setattr(sched.grammars, "compile_timeout_s", 0.05)
     limit = "the grammar did not compile within the limit of 0.05 s"
+    # Each compile waits for the gate first: past the limit whatever the machine's speed.
+    gate, compile_now = threading.Event(), sched.grammars._compile
+
+    def gated_compile(kind: str, source: str) -> object:
+        assert gate.wait(120), "the test never opened the gate"
+        return compile_now(kind, source)
+
+    monkeypatch.setattr(sched.grammars, "_compile", gated_compile)
     # Beside a stream, the request is refused by a step (the server answers its submission with a 400).
     stream = start_stream(sched, 0)
     spec = GrammarSpec("regex", slow_regex(1, alternatives=6000))
@@ -120,6 +128,7 @@ def test_a_grammar_over_the_time_limit_is_refused_naming_it(tiny_llm: LLM, monke
     # xgrammar cannot stop a compile: it runs on and is kept, so the same grammar sent again once
     # it is done is ready at once.
     running_on = sched.grammars.submit(spec)
+    gate.set()
     running_on.future.result(timeout=120)
     running_on.release()
     again = sched.make_request(2, PROMPT, SamplingParams(max_tokens=8, regex=spec.source))
@@ -127,8 +136,10 @@ def test_a_grammar_over_the_time_limit_is_refused_naming_it(tiny_llm: LLM, monke
     sched.abort(stream.rid)
     # Offline, generate waits for the grammar before it queues anything, and raises.
     params = [SamplingParams(max_tokens=4), SamplingParams(regex=slow_regex(2, alternatives=6000))]
+    gate.clear()
     with pytest.raises(ValueError, match=limit):
         tiny_llm.generate([PROMPT, [9, 10]], params, use_tqdm=False)
+    gate.set()  # the refused compile runs on in the background (xgrammar cannot stop one)
     assert not sched.has_work
     assert_idle_balanced(tiny_llm)
 
