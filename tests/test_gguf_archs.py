@@ -1,5 +1,5 @@
 """GGUF files of every supported architecture (llama, Mistral written as llama, qwen2, qwen3,
-qwen3moe), written from tiny random HF folders the way llama.cpp writes them: the converted model
+qwen3moe, gemma3), written from tiny random HF folders the way llama.cpp writes them: the converted model
 gives transformers' greedy tokens for the original folder, its tokenizer encodes like the original
 BPE tokenizer (pre-tokenizer included), and files whose tensors do not fit their metadata are refused."""
 
@@ -30,6 +30,7 @@ KINDS = {
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen2", "Qwen3ForCausalLM"),
     "qwen3_moe": ("qwen2", "Qwen3MoeForCausalLM"),
+    "gemma3": ("llama-bpe", "Gemma3ForCausalLM"),  # llama.cpp's converter takes a BPE vocabulary as gpt2
 }
 SAMPLES = [
     "Hello world, it's 2026!",

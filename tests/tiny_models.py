@@ -9,6 +9,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
     PreTrainedTokenizerFast,
@@ -49,6 +50,10 @@ CONFIGS = {
         norm_topk_prob=True,
         mlp_only_layers=[1],
     ),
+    # As llama.cpp's gemma3 files can state it: every 6th layer full (none of 2 here: tests/test_gemma3.py
+    # has more), the others within a window of 24, the sliding layers' RoPE base 10000, queries
+    # scaled by head_dim ** -0.5.
+    "gemma3": lambda: Gemma3TextConfig(**_COMMON, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=16, pad_token_id=0),
 }
 
 
@@ -59,6 +64,19 @@ def _word_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
+def scale_weights(model: torch.nn.Module) -> None:
+    """Random init gives near-uniform logits; scale weights up so greedy choices are not near-ties.
+    Gemma's embeddings (tied to its LM head, already multiplied by sqrt(hidden)) are left alone: larger
+    ones make each token predict itself; its norms (a gain of 1 + weight, 0 at init) get random weights."""
+    gemma = model.config.model_type.startswith("gemma")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and not (gemma and "embed_tokens" in name):
+                p.mul_(4.0 if gemma else 8.0)
+            elif p.dim() == 1 and gemma:
+                p.normal_(0.0, 0.3)
+
+
 def build_tiny_model(kind: str, folder: Path, seed: int = 0, **overrides: object) -> Path:
     """``overrides`` replace config fields (e.g. ``mlp_only_layers=[]``)."""
     torch.manual_seed(seed)
@@ -66,11 +84,7 @@ def build_tiny_model(kind: str, folder: Path, seed: int = 0, **overrides: object
     for key, value in overrides.items():
         setattr(config, key, value)
     model = AutoModelForCausalLM.from_config(config)
-    # Random init gives near-uniform logits; scale weights up so greedy choices are not near-ties.
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(8.0)
+    scale_weights(model)
     model.save_pretrained(folder)
     _word_tokenizer().save_pretrained(folder)
     return folder

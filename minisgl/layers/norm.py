@@ -12,18 +12,24 @@ class RMSNorm(nn.Module):
     decode step runs 61 norms); other dtypes round to their own before the weight, as Hugging Face does.
 
     ``add_forward`` also adds the residual first: the decoder's x + sublayer(x) followed by the
-    next norm, in one call."""
+    next norm, in one call.
 
-    def __init__(self, size: int, eps: float) -> None:
+    ``unit_offset`` (Gemma): the checkpoint stores gain - 1, and the product with the gain
+    (1 + weight, in float32) is taken before the cast back, as Gemma's RMSNorm does."""
+
+    def __init__(self, size: int, eps: float, unit_offset: bool = False) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
+        self.weight = nn.Parameter(torch.zeros(size) if unit_offset else torch.ones(size))
         self.eps = eps
         self.shape = (size,)
+        self.unit_offset = unit_offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernels = self._kernels(x)
         if kernels is not None:
-            return kernels.rms_norm(x, self.weight, self.eps)[0]
+            return kernels.rms_norm(x, self.gain(), self.eps)[0]
+        if self.unit_offset:
+            return (torch.rms_norm(x.float(), self.shape, eps=self.eps) * self.gain()).to(x.dtype)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             return torch.rms_norm(x, self.shape, self.weight, self.eps)
         return self.weight * torch.rms_norm(x.float(), self.shape, eps=self.eps).to(x.dtype)
@@ -32,9 +38,13 @@ class RMSNorm(nn.Module):
         """(norm(residual + delta), residual + delta)."""
         kernels = self._kernels(residual)
         if kernels is not None:
-            return kernels.rms_norm(residual, self.weight, self.eps, delta)
+            return kernels.rms_norm(residual, self.gain(), self.eps, delta)
         total = residual + delta
         return self(total), total
+
+    def gain(self) -> torch.Tensor:
+        """What the normalised values are multiplied by (float32 with a unit offset)."""
+        return 1.0 + self.weight.float() if self.unit_offset else self.weight
 
     def _kernels(self, x: torch.Tensor) -> CpuKernels | None:
         fp32 = x.dtype == torch.float32 and self.weight.dtype == torch.float32

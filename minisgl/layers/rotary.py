@@ -37,6 +37,8 @@ class RotaryEmbedding(nn.Module):
         rope_type = (scaling or {}).get("rope_type", "default")
         if rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, scaling)  # type: ignore[arg-type]
+        elif rope_type == "linear":  # positions divided by the factor (Gemma 3's full-attention layers)
+            inv_freq = inv_freq / scaling["factor"]  # type: ignore[index]
         elif rope_type != "default":
             raise ValueError(f"unsupported rope scaling type {rope_type!r}")
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)

@@ -1,16 +1,20 @@
 """One decoder-only transformer for every supported family.
 
-Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE differ in two class switches and in what their config
-sets, so they share this file instead of copying it: ``qkv_bias`` (Qwen2 adds a bias to the Q/K/V
-projections), ``qk_norm`` (Qwen3 RMS-normalises each head of Q and K before RoPE), sparse MoE
-blocks in place of the dense MLP (Qwen3-MoE) and a per-layer sliding window (Mistral), which the
-attention backend applies (``ModelConfig.layer_windows``).
+Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and Gemma 3 differ in the switches of their class's
+``DecoderStyle`` and in what their config sets, so they share this file instead of copying it:
+``qkv_bias`` (Qwen2 adds a bias to the Q/K/V projections), ``qk_norm`` (Qwen3, Gemma 3
+RMS-normalise each head of Q and K before RoPE), Gemma's norms (``gemma_norms``: a gain of
+1 + weight, norms after attention and after the MLP too, embeddings scaled by sqrt(hidden)), sparse
+MoE blocks in place of the dense MLP (Qwen3-MoE) and a per-layer sliding window (Mistral, Gemma 3),
+which the attention backend applies (``ModelConfig.layer_windows``). From the config: the MLP's
+activation, the query scale, the sliding layers' own RoPE base and the final logits' soft-capping.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
@@ -31,6 +35,17 @@ if TYPE_CHECKING:
     from minisgl.distributed.group import TPGroup
 
 
+@dataclass(frozen=True)
+class DecoderStyle:
+    """What a family changes in the shared decoder's layers (its config sets the rest)."""
+
+    qkv_bias: bool = False  # Qwen2: a bias on the Q/K/V projections
+    qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm on each head of Q and K before RoPE
+    # Gemma: every RMSNorm's gain is 1 + weight; the attention and MLP outputs are normalised too
+    # before they join the residual stream (the sandwich); embeddings are scaled by sqrt(hidden).
+    gemma_norms: bool = False
+
+
 def local_heads(cfg: ModelConfig, tp: TPGroup | None) -> HeadShard:
     """The query and KV heads this rank computes: all of them without tensor parallelism."""
     if tp is None:
@@ -39,7 +54,7 @@ def local_heads(cfg: ModelConfig, tp: TPGroup | None) -> HeadShard:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, qkv_bias: bool, qk_norm: bool, tp: TPGroup | None) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, style: DecoderStyle, tp: TPGroup | None) -> None:
         super().__init__()
         self.layer_id = layer_id
         heads, d = local_heads(cfg, tp), cfg.head_dim
@@ -49,10 +64,15 @@ class Attention(nn.Module):
         # Column-parallel QKV over this rank's heads, row-parallel output projection.
         q_rows, kv_rows = (heads.q[0] * d, heads.q[1] * d), (heads.kv[0] * d, heads.kv[1] * d)
         full_q, full_kv = cfg.num_heads * d, cfg.num_kv_heads * d
-        self.qkv_proj = Linear(cfg.hidden_size, full_q + 2 * full_kv, qkv_bias, column(tp, q_rows, kv_rows, kv_rows))
+        bias = style.qkv_bias or cfg.attention_bias
+        self.qkv_proj = Linear(cfg.hidden_size, full_q + 2 * full_kv, bias, column(tp, q_rows, kv_rows, kv_rows))
         self.o_proj = Linear(full_q, cfg.hidden_size, partition=row(tp, q_rows))
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        offset = style.gemma_norms
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, offset) if style.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, offset) if style.qk_norm else None
+        # The backends scale scores by head_dim ** -0.5: a config's other scale is folded into the queries.
+        scalar = cfg.query_pre_attn_scalar
+        self.q_scale = None if scalar is None or scalar == d else (d / scalar) ** 0.5
 
     def forward(self, x: torch.Tensor, rope: Rope, ctx: AttentionContext) -> torch.Tensor:
         qkv = self.qkv_proj(x)
@@ -65,6 +85,8 @@ class Attention(nn.Module):
             q = self.q_norm(qkv[:, :q_size].view(tokens, self.num_heads, self.head_dim))
             k = self.k_norm(qkv[:, q_size : q_size + kv_size].view(tokens, self.num_kv_heads, self.head_dim))
             q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+        if self.q_scale is not None:
+            q = q * self.q_scale
         v = qkv[:, q_size + kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
         return self.o_proj(ctx.attend(self.layer_id, q, k, v))
 
@@ -75,7 +97,8 @@ def mlp(cfg: ModelConfig, layer_id: int, tp: TPGroup | None) -> nn.Module:
     if moe is not None and moe.is_sparse(layer_id):
         part = intermediate_range(moe.intermediate_size, tp)
         return SparseMoE(cfg.hidden_size, moe.num_experts, moe.top_k, moe.intermediate_size, moe.norm_topk_prob, tp, part)
-    return GatedMLP(cfg.hidden_size, cfg.intermediate_size, tp, intermediate_range(cfg.intermediate_size, tp))
+    part = intermediate_range(cfg.intermediate_size, tp)
+    return GatedMLP(cfg.hidden_size, cfg.intermediate_size, tp, part, activation=cfg.hidden_act)
 
 
 def intermediate_range(size: int, tp: TPGroup | None) -> tuple[int, int]:
@@ -84,11 +107,18 @@ def intermediate_range(size: int, tp: TPGroup | None) -> tuple[int, int]:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, qkv_bias: bool, qk_norm: bool, tp: TPGroup | None) -> None:
+    """Llama's layer: the norm before attention, and ``post_attention_layernorm`` before the MLP.
+    With Gemma's norms, ``post_attention_layernorm`` normalises the attention's output and
+    ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm`` come before and after the MLP."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int, style: DecoderStyle, tp: TPGroup | None) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_id, qkv_bias, qk_norm, tp)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        hidden, eps, offset = cfg.hidden_size, cfg.rms_norm_eps, style.gemma_norms
+        self.input_layernorm = RMSNorm(hidden, eps, offset)
+        self.self_attn = Attention(cfg, layer_id, style, tp)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, offset)
+        self.pre_feedforward_layernorm = RMSNorm(hidden, eps, offset) if style.gemma_norms else None
+        self.post_feedforward_layernorm = RMSNorm(hidden, eps, offset) if style.gemma_norms else None
         self.mlp = mlp(cfg, layer_id, tp)
 
     def forward(
@@ -101,14 +131,21 @@ class DecoderLayer(nn.Module):
             h, residual = self.input_layernorm(x), x
         else:
             h, residual = self.input_layernorm.add_forward(x, residual)
-        h, residual = self.post_attention_layernorm.add_forward(self.self_attn(h, rope, ctx), residual)
-        return self.mlp(h), residual
+        attn = self.self_attn(h, rope, ctx)
+        if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
+            h, residual = self.post_attention_layernorm.add_forward(attn, residual)
+            return self.mlp(h), residual
+        h, residual = self.pre_feedforward_layernorm.add_forward(self.post_attention_layernorm(attn), residual)
+        return self.post_feedforward_layernorm(self.mlp(h)), residual
 
     def fused_weights(self) -> LayerWeights | None:
-        """This layer for ``decode_layer.c``, if it is the plain kind it runs: a dense MLP, no
-        Q/K norm, no bias, no sharding, every projection int4, fp32 norms."""
+        """This layer for ``decode_layer.c``, if it is the plain kind it runs: a dense SwiGLU MLP,
+        Llama's two norms, no Q/K norm, the default query scale, no bias, no sharding, every
+        projection int4, fp32 norms."""
         attn, mlp = self.self_attn, self.mlp
-        if not isinstance(mlp, GatedMLP) or attn.q_norm is not None:
+        if not isinstance(mlp, GatedMLP) or mlp.activation != "silu" or attn.q_norm is not None:
+            return None
+        if self.pre_feedforward_layernorm is not None or self.input_layernorm.unit_offset or attn.q_scale is not None:
             return None
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
         weights = [m.quantized for m in linears]
@@ -133,13 +170,35 @@ def vocab_range(cfg: ModelConfig, tp: TPGroup) -> tuple[int, int]:
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_positions: int, qkv_bias: bool, qk_norm: bool, tp: TPGroup | None) -> None:
+    def __init__(self, cfg: ModelConfig, max_positions: int, style: DecoderStyle, tp: TPGroup | None) -> None:
         super().__init__()
         vocab = column(tp, vocab_range(cfg, tp)) if tp is not None else None
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, vocab)
+        # Gemma multiplies the embeddings by sqrt(hidden) rounded to the model's dtype.
+        self.embed_scale = cfg.hidden_size**0.5 if style.gemma_norms else None
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, qkv_bias, qk_norm, tp) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # Gemma 3's sliding-window layers rotate with their own base, unscaled.
+        windowed = [w is not None for w in cfg.layer_windows]
+        self.local_rotary = (
+            RotaryEmbedding(cfg.head_dim, max_positions, cfg.local_rope_theta, None)
+            if cfg.local_rope_theta is not None and any(windowed)
+            else None
+        )
+        self.local_rope_layers = windowed if self.local_rotary is not None else [False] * cfg.num_layers
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, style, tp) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, style.gemma_norms)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        return x if self.embed_scale is None else x * torch.tensor(self.embed_scale, dtype=x.dtype)
+
+    def ropes(self, positions: torch.Tensor, dtype: torch.dtype) -> list[Rope]:
+        """Each layer's cos/sin for ``positions``: looked up once per pass for each base."""
+        full = self.rotary.table(positions, dtype)
+        if self.local_rotary is None:
+            return [full] * len(self.layers)
+        local = self.local_rotary.table(positions, dtype)
+        return [local if is_local else full for is_local in self.local_rope_layers]
 
 
 class DecoderForCausalLM(nn.Module):
@@ -149,13 +208,12 @@ class DecoderForCausalLM(nn.Module):
     MLP columns split, vocabulary split for the embedding and the LM head, whose logits are gathered
     on rank 0 (other ranks get their own shard back)."""
 
-    qkv_bias: bool = False
-    qk_norm: bool = False
+    style: ClassVar[DecoderStyle] = DecoderStyle()
 
     def __init__(self, cfg: ModelConfig, max_positions: int, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.config, self.tp = cfg, tp
-        self.model = DecoderModel(cfg, max_positions, self.qkv_bias or cfg.attention_bias, self.qk_norm, tp)
+        self.model = DecoderModel(cfg, max_positions, self.style, tp)
         vocab = column(tp, vocab_range(cfg, tp)) if tp is not None else None
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, partition=vocab)
         if cfg.tie_word_embeddings:
@@ -166,7 +224,7 @@ class DecoderForCausalLM(nn.Module):
         """The decode step as one C call, where every layer can run in ``decode_layer.c``: decided
         at the first forward pass, once the loader has installed the quantized weights."""
         kernels = cpu_kernels()
-        if kernels is None or self.tp is not None:
+        if kernels is None or self.tp is not None or self.model.local_rotary is not None:
             return None
         layers = [layer.fused_weights() for layer in self.model.layers]
         if any(w is None for w in layers):
@@ -176,18 +234,21 @@ class DecoderForCausalLM(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, logit_rows: torch.Tensor
     ) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)
-        rope = self.model.rotary.table(positions, x.dtype)
+        x = self.model.embed(input_ids)
+        ropes = self.model.ropes(positions, x.dtype)
         fused, paged = self._fused_decoder, ctx.paged
         if fused is not None and paged is not None and x.dtype == torch.float32 and len(x) <= Int4Weight.max_kernel_rows:
             # The same layers in one C call (decode_layer.c): at one request the Python and small
-            # ops between the kernels were a third of the step.
-            x, residual = fused.run(x, *rope, paged.k_pool, paged.v_pool, paged.out_slots, paged.kv_slots, paged.kv_lens)
+            # ops between the kernels were a third of the step. Every layer has the same rope then.
+            x, residual = fused.run(x, *ropes[0], paged.k_pool, paged.v_pool, paged.out_slots, paged.kv_slots, paged.kv_lens)
         else:
             residual = None
-            for layer in self.model.layers:
+            for layer, rope in zip(self.model.layers, ropes):
                 x, residual = layer(x, residual, rope, ctx)
         # The final norm and LM head are per row: compute them only where a token is sampled.
         assert residual is not None, "a model has at least one layer"
         logits = self.lm_head(self.model.norm.add_forward(x[logit_rows], residual[logit_rows])[0])
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
         return logits if self.tp is None else self.tp.gather_vocab(logits, self.config.vocab_size)

@@ -1,9 +1,11 @@
 """What differs between the GGUF architectures minisgl reads: tensor names, metadata, row layout.
 
 Mirrors llama.cpp's ``convert_hf_to_gguf.py``: ``llama`` (Llama, SmolLM2, and Mistral, which
-llama.cpp writes as llama), ``qwen2``, ``qwen3`` and ``qwen3moe``. Only the llama converter
-permutes the Q/K rows for llama.cpp's rope kernel; the Qwen ones store them as Hugging Face does.
-MoE experts are stored stacked, one [experts, out, in] tensor per projection.
+llama.cpp writes as llama), ``qwen2``, ``qwen3``, ``qwen3moe`` and ``gemma3``. Only the llama
+converter permutes the Q/K rows for llama.cpp's rope kernel; the others store them as Hugging Face
+does. MoE experts are stored stacked, one [experts, out, in] tensor per projection. The gemma3
+converter stores every norm's gain (1 + the Hugging Face weight) and names the four norms of a
+layer its own way.
 """
 
 from __future__ import annotations
@@ -25,6 +27,15 @@ class GGUFArch:
     qkv_bias: bool = False  # Qwen2: biases on q/k/v
     qk_norm: bool = False  # Qwen3: RMSNorm on each head of q and k
     moe: bool = False  # every block's MLP is a sparse MoE block
+    gemma_norms: bool = False  # Gemma: norms before and after attention and MLP; files hold 1 + weight
+
+    @property
+    def norm_shift(self) -> float:
+        """What the file's norm weights hold beyond the Hugging Face ones."""
+        return 1.0 if self.gemma_norms else 0.0
+
+    def block_tensors(self) -> dict[str, str]:
+        return {**BLOCK_TENSORS, **GEMMA_BLOCK_TENSORS} if self.gemma_norms else BLOCK_TENSORS
 
 
 ARCHS: dict[str, GGUFArch] = {
@@ -32,6 +43,7 @@ ARCHS: dict[str, GGUFArch] = {
     "qwen2": GGUFArch("Qwen2ForCausalLM", "qwen2", permute_qk=False, qkv_bias=True),
     "qwen3": GGUFArch("Qwen3ForCausalLM", "qwen3", permute_qk=False, qk_norm=True),
     "qwen3moe": GGUFArch("Qwen3MoeForCausalLM", "qwen3_moe", permute_qk=False, qk_norm=True, moe=True),
+    "gemma3": GGUFArch("Gemma3ForCausalLM", "gemma3_text", permute_qk=False, qk_norm=True, gemma_norms=True),
 }
 
 GLOBAL_TENSORS: dict[str, str] = {
@@ -54,6 +66,21 @@ BLOCK_TENSORS: dict[str, str] = {
     "ffn_down": "mlp.down_proj",
     "ffn_gate_inp": "mlp.gate",  # the MoE router
 }
+
+# Gemma's four norms: ffn_norm is the one before the MLP, as in llama, but Hugging Face names it
+# differently there (Gemma's post_attention_layernorm normalises the attention's output).
+GEMMA_BLOCK_TENSORS: dict[str, str] = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+
+# llama.cpp's gemma3 loader: every 6th layer attends fully unless the file gives the pattern, the
+# sliding layers rotate with base 10000 unless the file says, and (from the layer count) only the
+# 62-layer model (27B) scales queries by hidden / heads instead of head_dim.
+GEMMA3_SLIDING_PATTERN = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+GEMMA3_27B_LAYERS = 62
 
 # Stacked experts: one GGUF tensor per projection → mlp.experts.{e}.{projection} in HF.
 EXPERT_TENSORS: dict[str, str] = {
@@ -86,10 +113,36 @@ def arch_config(arch: GGUFArch, meta: Callable[[str, Any], Any]) -> dict[str, An
             "mlp_only_layers": [],
         }
     window = meta("attention.sliding_window", 0)
+    if arch.gemma_norms:
+        return _gemma3_config(meta, window)
     if arch.model_type == "llama" and window:
         # A llama GGUF that states a window is a Mistral (llama.cpp's converter does not write one).
         return {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": window}
     return {}
+
+
+def _gemma3_config(meta: Callable[[str, Any], Any], window: int) -> dict[str, Any]:
+    layers, head_dim = meta("block_count", None), meta("attention.key_length", None)
+    # A converted gemma3 file states a window unless every layer attends fully (llama.cpp omits it then).
+    pattern = meta("attention.sliding_window_pattern", [])
+    if not pattern:
+        pattern = [bool((i + 1) % GEMMA3_SLIDING_PATTERN) for i in range(layers)] if window else [False] * layers
+    if len(pattern) != layers:
+        raise ValueError(f"gemma3.attention.sliding_window_pattern has {len(pattern)} entries for {layers} layers")
+    scalar = head_dim
+    if layers == GEMMA3_27B_LAYERS:
+        scalar = meta("embedding_length", None) // meta("attention.head_count", None)
+    config: dict[str, Any] = {
+        "layer_types": ["sliding_attention" if sliding else "full_attention" for sliding in pattern],
+        "sliding_window": window or None,
+        "rope_local_base_freq": float(meta("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)),
+        "query_pre_attn_scalar": scalar,
+        "hidden_activation": "gelu_pytorch_tanh",
+    }
+    softcap = meta("final_logit_softcapping", 0.0)
+    if softcap:
+        config["final_logit_softcapping"] = float(softcap)
+    return config
 
 
 def hf_tensors(arch: GGUFArch, config: dict[str, Any], gguf_name: str, w: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
@@ -99,7 +152,8 @@ def hf_tensors(arch: GGUFArch, config: dict[str, Any], gguf_name: str, w: np.nda
         return
     m = _BLOCK_RE.fullmatch(gguf_name)
     part = m.group(2) if m is not None else None
-    if m is None or (part not in BLOCK_TENSORS and part not in EXPERT_TENSORS):
+    block_tensors = arch.block_tensors()
+    if m is None or (part not in block_tensors and part not in EXPERT_TENSORS):
         # Silently dropping a tensor (e.g. llama3's rope_freqs) would give a subtly wrong model.
         raise ValueError(f"unsupported GGUF tensor {gguf_name!r}")
     layer, _, kind = m.groups()
@@ -110,7 +164,7 @@ def hf_tensors(arch: GGUFArch, config: dict[str, Any], gguf_name: str, w: np.nda
         return
     if arch.permute_qk and part in ("attn_q", "attn_k"):
         w = _unpermute_qk(w, config["num_attention_heads" if part == "attn_q" else "num_key_value_heads"])
-    yield f"{prefix}.{BLOCK_TENSORS[part]}.{kind}", w
+    yield f"{prefix}.{block_tensors[part]}.{kind}", w
 
 
 def _unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -144,6 +198,8 @@ def expected_shapes(arch: GGUFArch, config: dict[str, Any]) -> dict[str, tuple[i
             shapes |= {f"{p}.self_attn.q_proj.bias": (q,), f"{p}.self_attn.k_proj.bias": (kv,), f"{p}.self_attn.v_proj.bias": (kv,)}
         if arch.qk_norm:
             shapes |= {f"{p}.self_attn.q_norm.weight": (d,), f"{p}.self_attn.k_norm.weight": (d,)}
+        if arch.gemma_norms:
+            shapes |= {f"{p}.pre_feedforward_layernorm.weight": (hidden,), f"{p}.post_feedforward_layernorm.weight": (hidden,)}
         if arch.moe:
             ff = config["moe_intermediate_size"]
             shapes[f"{p}.mlp.gate.weight"] = (config["num_experts"], hidden)

@@ -170,11 +170,14 @@ class GGUFTensors:
         return (*blocks.shape[:-1], columns)
 
     def dense(self, name: str) -> torch.Tensor:
-        """The tensor dequantized, fp32 (a copy: the file is never written through)."""
+        """The tensor dequantized, fp32 (a copy: the file is never written through); a norm's
+        weight as Hugging Face has it (gemma3 files store 1 + weight)."""
         from gguf.quants import dequantize
 
         blocks, kind, _ = self._tensors[name]
         values = dequantize(blocks, kind)
+        if self.arch.norm_shift and name.endswith("norm.weight"):
+            values = values - np.float32(self.arch.norm_shift)  # a new array
         if not values.flags.writeable:  # a view of the read-only map (F32 tensors): copied
             values = values.copy()
         return torch.from_numpy(values.astype(np.float32, copy=False).reshape(self.shape(name)))

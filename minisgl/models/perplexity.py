@@ -18,11 +18,13 @@ CHUNK_TOKENS = 16
 
 
 class _SequenceContext:
-    """The ``AttentionContext`` of one sequence: K/V kept per layer, causal over the whole prefix."""
+    """The ``AttentionContext`` of one sequence: K/V kept per layer, causal over the whole prefix
+    (within the layer's window, for a sliding-window layer)."""
 
     paged: PagedKV | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, layer_windows: tuple[int | None, ...]) -> None:
+        self.layer_windows = layer_windows
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
 
@@ -33,6 +35,9 @@ class _SequenceContext:
         new, total = q.shape[0], k.shape[0]
         # Row i (absolute position total - new + i) sees keys 0 .. total - new + i.
         mask = torch.ones(new, total, dtype=torch.bool).tril(total - new)
+        window = self.layer_windows[layer_id] if self.layer_windows else None
+        if window is not None:  # and keys more than window - 1 positions back are out of sight
+            mask = mask.triu(total - new - window + 1)
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, enable_gqa=True
         )
@@ -42,7 +47,7 @@ class _SequenceContext:
 @torch.inference_mode()
 def sequence_logits(model: DecoderForCausalLM, token_ids: list[int], chunk: int = CHUNK_TOKENS) -> torch.Tensor:
     """[tokens, vocab] fp32: the logits after each token, given the ones before it."""
-    ctx = _SequenceContext()
+    ctx = _SequenceContext(model.config.layer_windows)
     ids = torch.tensor(token_ids, dtype=torch.int64)
     pieces = []
     for start in range(0, len(ids), chunk):

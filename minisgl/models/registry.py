@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from minisgl.models.decoder import DecoderForCausalLM
+from minisgl.models.decoder import DecoderForCausalLM, DecoderStyle
 from minisgl.registry import Registry
 
 
@@ -15,17 +15,25 @@ class MistralForCausalLM(DecoderForCausalLM):
 
 
 class Qwen2ForCausalLM(DecoderForCausalLM):
-    qkv_bias = True
+    style = DecoderStyle(qkv_bias=True)
 
 
 class Qwen3ForCausalLM(DecoderForCausalLM):
-    qk_norm = True
+    style = DecoderStyle(qk_norm=True)
 
 
 class Qwen3MoeForCausalLM(DecoderForCausalLM):
     """Qwen3 attention; sparse MoE blocks where the config's MoE settings say so."""
 
-    qk_norm = True
+    style = DecoderStyle(qk_norm=True)
+
+
+class Gemma3ForCausalLM(DecoderForCausalLM):
+    """Text-only Gemma 3: Gemma's norms and Q/K norms; from its config a GELU-tanh MLP, the query
+    scale ``query_pre_attn_scalar ** -0.5``, sliding-window layers (``layer_types``) with their own
+    RoPE base and the full layers with the global one (scaled if the config says so)."""
+
+    style = DecoderStyle(qk_norm=True, gemma_norms=True)
 
 
 MODEL_REGISTRY: Registry[type[DecoderForCausalLM]] = Registry(
@@ -36,6 +44,7 @@ MODEL_REGISTRY: Registry[type[DecoderForCausalLM]] = Registry(
         "Qwen2ForCausalLM": Qwen2ForCausalLM,
         "Qwen3ForCausalLM": Qwen3ForCausalLM,
         "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+        "Gemma3ForCausalLM": Gemma3ForCausalLM,
     },
 )
 
