@@ -180,8 +180,10 @@ def write_gguf(
     overrides keys, ``drop`` leaves GGUF tensors out (both to test files that do not fit); ``qtype``
     quantizes every matrix whose rows fill its blocks (with the ``gguf`` package's quantizer), as
     llama.cpp's quantizer does, the rest staying F32; a dict gives the type by GGUF tensor name
-    (the first key the name contains), a mix like Q4_K_M's. ``spm``: that vocabulary instead of the
-    folder's BPE tokenizer."""
+    (the first key the name contains), a mix like Q4_K_M's. The ``gguf`` package cannot quantize
+    to K types: their tensors get random blocks scaled to the weight's spread (``_random_blocks``),
+    so such a file is a model of its own, to be compared with its own dequantized values.
+    ``spm``: that vocabulary instead of the folder's BPE tokenizer."""
     cfg = json.loads((folder / "config.json").read_text())
     arch = GGUF_ARCH[cfg["architectures"][0]]
     names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), cfg["num_hidden_layers"])
@@ -211,7 +213,8 @@ def write_gguf(
         w = np.ascontiguousarray(w, dtype=np.float32)
         kind = _qtype_of(gguf_name, qtype)
         if kind is not None and w.ndim >= 2 and w.shape[-1] % gguf.GGML_QUANT_SIZES[kind][0] == 0:
-            writer.add_tensor(gguf_name, gguf.quants.quantize(w, kind), raw_dtype=kind)
+            blocks = _random_blocks(w, kind) if kind in _SCALE_OFFSETS else gguf.quants.quantize(w, kind)
+            writer.add_tensor(gguf_name, blocks, raw_dtype=kind)
         else:
             writer.add_tensor(gguf_name, w)
     writer.write_header_to_file()
@@ -219,6 +222,31 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+# Byte offsets of the fp16 super-block scales (d, and dmin where there is one) in K-quant blocks.
+_SCALE_OFFSETS = {
+    gguf.GGMLQuantizationType.Q3_K: (108,),
+    gguf.GGMLQuantizationType.Q4_K: (0, 2),
+    gguf.GGMLQuantizationType.Q6_K: (208,),
+}
+
+
+def _random_blocks(w: np.ndarray, kind: gguf.GGMLQuantizationType) -> np.ndarray:
+    """Blocks of ``kind`` with random codes and sub-block scales, the super-block scales set so the
+    values spread like ``w``'s (every byte pattern is a valid block)."""
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    rng = np.random.default_rng(w.size)
+    blocks = rng.integers(0, 256, (*w.shape[:-1], w.shape[-1] // block, size), dtype=np.uint8)
+    unit = gguf.quants.dequantize(_set_scales(blocks, kind, 1.0), kind)  # values are linear in the scales
+    return _set_scales(blocks, kind, float(w.std()) / float(unit.std())).reshape(*w.shape[:-1], -1)
+
+
+def _set_scales(blocks: np.ndarray, kind: gguf.GGMLQuantizationType, scale: float) -> np.ndarray:
+    out = blocks.copy()
+    for offset in _SCALE_OFFSETS[kind]:
+        out[..., offset : offset + 2] = np.full(out.shape[:-1], scale, dtype=np.float16)[..., None].view(np.uint8)
+    return out
 
 
 def _qtype_of(

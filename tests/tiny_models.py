@@ -54,6 +54,25 @@ CONFIGS = {
     # has more), the others within a window of 24, the sliding layers' RoPE base 10000, queries
     # scaled by head_dim ** -0.5.
     "gemma3": lambda: Gemma3TextConfig(**_COMMON, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=16, pad_token_id=0),
+    # Full and sliding layers alternating, a window of 7, queries scaled by 24 ** -0.5 (not
+    # head_dim's), two RoPE bases, logits soft-capped near their own spread.
+    "gemma3_alternating": lambda: Gemma3TextConfig(
+        **{**_COMMON, "num_hidden_layers": 4},
+        head_dim=16,
+        sliding_window=7,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        query_pre_attn_scalar=24,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 20000.0},
+        },
+        final_logit_softcapping=0.3,
+        pad_token_id=0,
+    ),
+    # llama.cpp's default pattern (layer 5 full, 0-4 within a window of 6) and bases.
+    "gemma3_pattern6": lambda: Gemma3TextConfig(
+        **{**_COMMON, "num_hidden_layers": 6}, head_dim=16, sliding_window=6, query_pre_attn_scalar=16, pad_token_id=0
+    ),
 }
 
 
