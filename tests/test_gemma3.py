@@ -217,3 +217,18 @@ def test_mixed_quantization_runs_quantized_where_a_kernel_exists(
     finally:
         exact.shutdown()
         quantized.shutdown()
+
+
+def test_int4_gemma_layers_go_layer_by_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every projection int4 (Q4_0), yet no Gemma layer is handed to the fused C decode step, which
+    computes Llama's layer."""
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    folder = build_tiny_model("gemma3", tmp_path / "m")
+    llm = LLM(str(write_gguf(folder, tmp_path / "q4_0.gguf", "default", qtype=Q.Q4_0, spm=gemma_vocab())), num_page_override=64)
+    try:
+        model = llm.scheduler.engine.model
+        assert all(isinstance(m.quantized, Int4Weight) for m in model.modules() if isinstance(m, Linear))
+        assert all(layer.fused_weights() is None for layer in model.model.layers)
+        assert model._fused_decoder is None
+    finally:
+        llm.shutdown()

@@ -146,9 +146,11 @@ def test_tiny_qwen3_tp2_matches_tp1_with_chunks_pages_and_cache_hits(tiny_qwen3:
         llm.shutdown()
 
 
-def test_tiny_qwen3_moe_tp2_matches_tp1(tmp_path: Path) -> None:
-    """Every expert's intermediate dimension split over the ranks; one all-reduce per MoE block."""
-    folder = build_tiny_model("qwen3_moe", tmp_path / "moe")
+@pytest.mark.parametrize("kind", ["qwen3_moe", "gemma3_alternating"])
+def test_tiny_moe_and_gemma3_tp2_match_tp1(kind: str, tmp_path: Path) -> None:
+    """Qwen3-MoE: every expert's intermediate dimension split over the ranks, one all-reduce per MoE
+    block. Gemma 3: its norms replicated, sliding and full layers, soft-capped logits gathered."""
+    folder = build_tiny_model(kind, tmp_path / kind)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (1, 12, 50, 23)]
     options: dict[str, Any] = {"num_page_override": 512, "max_prefill_tokens": 32, "device": "cpu"}
