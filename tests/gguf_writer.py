@@ -71,7 +71,9 @@ class SpmVocab:
     add_space_prefix: bool
 
 
-def train_spm(vocab_size: int, specials: list[str], special_ids: dict[str, int], add_bos: bool, add_space_prefix: bool) -> SpmVocab:
+def train_spm(
+    vocab_size: int, specials: list[str], special_ids: dict[str, int], add_bos: bool, add_space_prefix: bool
+) -> SpmVocab:
     """``specials`` (control tokens; ``<unk>`` the unknown one) first, then the 256 byte-fallback
     pieces ``<0x00>``..``<0xFF>``, then BPE pieces learned on the corpus over ``▁``-joined words,
     best first (score -rank), padded with ``[PAD{i}]`` to ``vocab_size``."""

@@ -53,7 +53,9 @@ CONFIGS = {
     # As llama.cpp's gemma3 files can state it: every 6th layer full (none of 2 here: tests/test_gemma3.py
     # has more), the others within a window of 24, the sliding layers' RoPE base 10000, queries
     # scaled by head_dim ** -0.5.
-    "gemma3": lambda: Gemma3TextConfig(**_COMMON, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=16, pad_token_id=0),
+    "gemma3": lambda: Gemma3TextConfig(
+        **_COMMON, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=16, pad_token_id=0
+    ),
     # Full and sliding layers alternating, a window of 7, queries scaled by 24 ** -0.5 (not
     # head_dim's), two RoPE bases, logits soft-capped near their own spread.
     "gemma3_alternating": lambda: Gemma3TextConfig(

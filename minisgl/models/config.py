@@ -103,7 +103,8 @@ def _check_supported(cfg: dict[str, Any], architecture: str) -> None:
         )
     if cfg.get("attn_logit_softcapping") is not None:
         # transformers' Gemma 3 accepts the key but does not apply it, and llama.cpp refuses it.
-        raise ValueError(f"attn_logit_softcapping={cfg['attn_logit_softcapping']}: attention soft-capping is not supported")
+        cap = cfg["attn_logit_softcapping"]
+        raise ValueError(f"attn_logit_softcapping={cap}: attention soft-capping is not supported")
     if cfg.get("use_bidirectional_attention"):
         raise ValueError("use_bidirectional_attention: only causal attention is supported")
 

@@ -184,7 +184,7 @@ class DecoderModel(nn.Module):
             if cfg.local_rope_theta is not None and any(windowed)
             else None
         )
-        self.local_rope_layers = windowed if self.local_rotary is not None else [False] * cfg.num_layers
+        self.local_rope_layers = windowed
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, style, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, style.gemma_norms)
 
@@ -240,7 +240,8 @@ class DecoderForCausalLM(nn.Module):
         if fused is not None and paged is not None and x.dtype == torch.float32 and len(x) <= Int4Weight.max_kernel_rows:
             # The same layers in one C call (decode_layer.c): at one request the Python and small
             # ops between the kernels were a third of the step. Every layer has the same rope then.
-            x, residual = fused.run(x, *ropes[0], paged.k_pool, paged.v_pool, paged.out_slots, paged.kv_slots, paged.kv_lens)
+            pools = (paged.k_pool, paged.v_pool)
+            x, residual = fused.run(x, *ropes[0], *pools, paged.out_slots, paged.kv_slots, paged.kv_lens)
         else:
             residual = None
             for layer, rope in zip(self.model.layers, ropes):

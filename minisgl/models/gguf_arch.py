@@ -199,7 +199,7 @@ def expected_shapes(arch: GGUFArch, config: dict[str, Any]) -> dict[str, tuple[i
         if arch.qk_norm:
             shapes |= {f"{p}.self_attn.q_norm.weight": (d,), f"{p}.self_attn.k_norm.weight": (d,)}
         if arch.gemma_norms:
-            shapes |= {f"{p}.pre_feedforward_layernorm.weight": (hidden,), f"{p}.post_feedforward_layernorm.weight": (hidden,)}
+            shapes |= {f"{p}.{n}_feedforward_layernorm.weight": (hidden,) for n in ("pre", "post")}
         if arch.moe:
             ff = config["moe_intermediate_size"]
             shapes[f"{p}.mlp.gate.weight"] = (config["num_experts"], hidden)
