@@ -129,7 +129,9 @@ def test_gemma3_gguf_gives_transformers_tokens(tmp_path: Path, monkeypatch: pyte
     reference = [hf_greedy(hf, p, GREEDY.max_tokens) for p in ids]
     llm = LLM(str(path), quantization="none", num_page_override=1024, max_prefill_tokens=16)
     try:
-        assert ModelConfig.from_folder(gguf_model_folder(path)).layer_windows == (6, 6, 6, 6, 6, None)
+        config = ModelConfig.from_folder(gguf_model_folder(path))
+        assert config.layer_windows == (6, 6, 6, 6, 6, None)
+        assert config.eos_token_ids == (1, 5)  # <eos>, and <end_of_turn>, which ends a chat turn
         assert [o["token_ids"] for o in llm.generate(ids, GREEDY, use_tqdm=False)] == reference
         assert [llm.generate([p], GREEDY, use_tqdm=False)[0]["token_ids"] for p in ids] == reference
         chat = llm.apply_chat_template([{"role": "user", "content": "hi"}])

