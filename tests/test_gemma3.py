@@ -158,6 +158,9 @@ def test_sentencepiece_gguf_tokenizes_like_transformers_gguf_loader(arch: str, t
         assert ids[0] == vocab.special_ids["bos"], text  # the file says add BOS
         assert converted.decode(ids) == reference.decode(ids), text
     assert byte_ids & set(reference.encode(TEXTS[3]))  # the byte fallback was exercised
+    if arch == "gemma3":  # no space prefix: plain text comes back as it was
+        plain = TEXTS[:4]
+        assert [converted.decode(converted.encode(t), skip_special_tokens=True) for t in plain] == plain
     assert converted.chat_template == TEMPLATE
 
 
