@@ -55,6 +55,27 @@ def test_rms_norm_and_its_residual_add_match_hugging_face(rows: int, monkeypatch
         torch.testing.assert_close(normed, reference(x + delta), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemma_rms_norm_matches_hugging_face(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gain 1 + weight in fp32, multiplied before the cast back: bf16 within one rounding (the
+    C kernel runs fp32 only), fp32 within its rounding."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    torch.manual_seed(0)
+    x, delta = (torch.randn(7, 256) * 3).to(dtype), torch.randn(7, 256).to(dtype)
+    reference = Gemma3RMSNorm(256, eps=1e-6).to(dtype)
+    reference.weight.data = (torch.randn(256) * 0.5).to(dtype)
+    ours = RMSNorm(256, 1e-6, unit_offset=True).to(dtype)
+    ours.weight.data = reference.weight.data.clone()
+    tol = 1e-6 if dtype == torch.float32 else 8e-3
+    for c_kernels in (True, False):
+        if not c_kernels:
+            monkeypatch.setattr(norm, "cpu_kernels", lambda: None)
+        torch.testing.assert_close(ours(x), reference(x), rtol=tol, atol=tol)
+        normed, total = ours.add_forward(delta, x)
+        torch.testing.assert_close(normed, reference(x + delta), rtol=tol, atol=tol)
+
+
 def test_rotary_as_a_roll_is_hugging_face_rotate_half_bit_for_bit() -> None:
     """Q and K rotated together, on the strided view of the fused QKV output the decoder passes."""
     from transformers.models.llama.modeling_llama import rotate_half
