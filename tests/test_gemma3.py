@@ -175,6 +175,20 @@ def test_gguf_whose_tensors_do_not_fit_gemma3_metadata_is_refused(tmp_path: Path
         gguf_model_folder(no_norm, tmp_path / "cache")
 
 
+def test_gguf_layer_pattern_as_the_file_states_it(tmp_path: Path) -> None:
+    """llama.cpp's default (every 6th layer full), a period the file states, no window at all."""
+    folder = build_tiny_model("gemma3_pattern6", tmp_path / "m")
+    vocab = gemma_vocab()
+    cases = {
+        "default": ({}, (6, 6, 6, 6, 6, None)),
+        "period": ({"attention.sliding_window_pattern": 2}, (6, None, 6, None, 6, None)),
+        "full": ({"attention.sliding_window": 0}, ()),
+    }
+    for name, (metadata, windows) in cases.items():
+        path = write_gguf(folder, tmp_path / f"{name}.gguf", "default", metadata=metadata, spm=vocab)
+        assert ModelConfig.from_folder(gguf_model_folder(path, tmp_path / "cache")).layer_windows == windows, name
+
+
 @pytest.mark.parametrize(
     "cfg, problem",
     [

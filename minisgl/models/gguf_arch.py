@@ -46,8 +46,9 @@ ARCHS: dict[str, GGUFArch] = {
     "qwen3": GGUFArch("Qwen3ForCausalLM", "qwen3", permute_qk=False, qk_norm=True),
     "qwen3moe": GGUFArch("Qwen3MoeForCausalLM", "qwen3_moe", permute_qk=False, qk_norm=True, moe=True),
     "gemma3": GGUFArch(
-        "Gemma3ForCausalLM", "gemma3_text", permute_qk=False, qk_norm=True, gemma_norms=True, end_of_turn="<end_of_turn>"
-    ),
+        "Gemma3ForCausalLM", "gemma3_text", permute_qk=False, qk_norm=True, gemma_norms=True,
+        end_of_turn="<end_of_turn>",
+    ),  # fmt: skip
 }
 
 GLOBAL_TENSORS: dict[str, str] = {
@@ -127,17 +128,18 @@ def arch_config(arch: GGUFArch, meta: Callable[[str, Any], Any]) -> dict[str, An
 
 def _gemma3_config(meta: Callable[[str, Any], Any], window: int) -> dict[str, Any]:
     layers, head_dim = meta("block_count", None), meta("attention.key_length", None)
-    # A converted gemma3 file states a window unless every layer attends fully (llama.cpp omits it then).
-    pattern = meta("attention.sliding_window_pattern", [])
-    if not pattern:
-        pattern = [bool((i + 1) % GEMMA3_SLIDING_PATTERN) for i in range(layers)] if window else [False] * layers
-    if len(pattern) != layers:
-        raise ValueError(f"gemma3.attention.sliding_window_pattern has {len(pattern)} entries for {layers} layers")
+    # The pattern, where a file gives it: a period, or one flag per layer (true: sliding).
+    pattern = meta("attention.sliding_window_pattern", GEMMA3_SLIDING_PATTERN)
+    sliding = [bool((i + 1) % pattern) for i in range(layers)] if isinstance(pattern, int) else list(pattern)
+    if len(sliding) != layers:
+        raise ValueError(f"gemma3.attention.sliding_window_pattern has {len(sliding)} entries for {layers} layers")
+    if not window:  # a converted file states a window unless every layer attends fully (llama.cpp omits it then)
+        sliding = [False] * layers
     scalar = head_dim
     if layers == GEMMA3_27B_LAYERS:
         scalar = meta("embedding_length", None) // meta("attention.head_count", None)
     config: dict[str, Any] = {
-        "layer_types": ["sliding_attention" if sliding else "full_attention" for sliding in pattern],
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
         "sliding_window": window or None,
         "rope_local_base_freq": float(meta("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)),
         "query_pre_attn_scalar": scalar,
