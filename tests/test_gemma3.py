@@ -17,7 +17,7 @@ import torch
 from conftest import assert_idle_balanced, hf_greedy
 from gguf_writer import SpmVocab, train_spm, write_gguf
 from tiny_models import VOCAB, build_tiny_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from minisgl import LLM, SamplingParams
 from minisgl.layers.linear import Linear
@@ -67,7 +67,7 @@ def prompts(seed: int = 5) -> list[list[int]]:
 
 
 def test_config_keys_as_transformers_reads_them(gemma_folder: Path) -> None:
-    hf = AutoModelForCausalLM.from_pretrained(gemma_folder).config
+    hf = AutoConfig.from_pretrained(gemma_folder)
     ours = ModelConfig.from_folder(gemma_folder)
     assert ours.layer_windows == tuple(hf.sliding_window if t == "sliding_attention" else None for t in hf.layer_types)
     assert ours.local_rope_theta == hf.rope_parameters["sliding_attention"]["rope_theta"]
