@@ -15,6 +15,7 @@ Two ways to read one:
 
 from __future__ import annotations
 
+import mmap
 import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,14 +95,16 @@ class _Cursor:
         return None
 
 
-def _read_gguf(path: Path) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], Any, np.ndarray]]]:
-    """A GGUF file's metadata and tensors (name, GGUF dims innermost first, type, data memory-mapped
-    with the ``gguf`` package's array shapes: blocks as [..., rows, bytes]), parsed directly: the
-    ``gguf`` reader builds an array for every token of the vocabulary, seconds at start-up."""
+def _read_gguf(
+    path: Path, mapped: mmap.mmap
+) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], Any, np.ndarray]]]:
+    """A GGUF file's metadata and tensors (name, GGUF dims innermost first, type, data in ``mapped``,
+    the file's map, with the ``gguf`` package's array shapes: blocks as [..., rows, bytes]), parsed
+    directly: the ``gguf`` reader builds an array for every token of the vocabulary, seconds at start-up."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     try:
-        data = np.memmap(path, dtype=np.uint8, mode="r")
+        data = np.frombuffer(mapped, dtype=np.uint8)
         cursor = _Cursor(memoryview(data))
         if bytes(data[:4]) != b"GGUF":
             raise ValueError(f"magic {bytes(data[:4])!r}, expected b'GGUF'")
@@ -138,10 +141,23 @@ def _read_gguf(path: Path) -> tuple[dict[str, Any], list[tuple[str, tuple[int, .
 
 
 class GGUFTensors:
-    """Every tensor of a GGUF file by Hugging Face name: its format, shape and blocks."""
+    """Every tensor of a GGUF file by Hugging Face name: its format, shape and blocks.
+
+    Reading a tensor hands its pages of the map back to the kernel (``MADV_DONTNEED``): every weight
+    is copied into its own layout, so without that a load would hold the file's pages and the
+    weights built from them at once, twice the model at its peak. The pages stay in the page cache,
+    so a tensor read again (a tensor-parallel rank's second slice) is only faulted back in."""
 
     def __init__(self, path: Path) -> None:
-        fields, tensors = _read_gguf(path)
+        with path.open("rb") as f:
+            try:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except (ValueError, OSError) as e:  # an empty file cannot be mapped
+                raise ValueError(f"cannot read GGUF file {path}: {e}") from e
+        self._base = np.frombuffer(self._map, dtype=np.uint8).ctypes.data
+        fields, tensors = _read_gguf(path, self._map)
+        header = min((np.lib.array_utils.byte_bounds(t[3])[0] - self._base for t in tensors), default=0)
+        self._release(np.frombuffer(self._map, dtype=np.uint8, count=header))  # parsed: its pages are done
         arch_name = fields.get("general.architecture")
         self.arch: GGUFArch = gguf_arch(arch_name, path.name)
         heads = fields.get(f"{arch_name}.attention.head_count")
@@ -153,8 +169,11 @@ class GGUFTensors:
         self.name = path.name
         self._tensors: dict[str, tuple[np.ndarray, Any, int]] = {}  # blocks, quantization type, columns
         for gguf_name, dims, kind, data in tensors:
-            for name, blocks in hf_tensors(self.arch, config, gguf_name, data):
+            parts = list(hf_tensors(self.arch, config, gguf_name, data))
+            for name, blocks in parts:
                 self._tensors[name] = (blocks, kind, int(dims[0]))
+            if all(self._pages(blocks) is None for _, blocks in parts):  # reordered into copies: done with the file
+                self._release(data)
 
     def __contains__(self, name: str) -> bool:
         return name in self._tensors
@@ -177,13 +196,31 @@ class GGUFTensors:
         values = dequantize(blocks, kind)
         if not values.flags.writeable:  # a view of the read-only map (F32 tensors): copied
             values = values.copy()
+        self._release(blocks)
         return torch.from_numpy(values.astype(np.float32, copy=False).reshape(self.shape(name)))
 
     def int4(self, name: str) -> Int4Weight:
         """The file's 4-bit codes and grid as an ``Int4Weight`` (Q4_0 / Q4_1 / Q4_K, a multiple of
         64 columns)."""
         blocks, kind, columns = self._tensors[name]
-        return int4_from_blocks(kind.name, blocks, columns, f"{self.name}: {name}")
+        weight = int4_from_blocks(kind.name, blocks, columns, f"{self.name}: {name}")
+        self._release(blocks)
+        return weight
+
+    def _pages(self, blocks: np.ndarray) -> tuple[int, int] | None:
+        """The map's whole pages inside ``blocks`` (start, end offsets), or None: none, or blocks that
+        are a copy, not a view of the map."""
+        low, high = np.lib.array_utils.byte_bounds(blocks)
+        start = -(-(low - self._base) // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (high - self._base) // mmap.PAGESIZE * mmap.PAGESIZE
+        return (start, end) if 0 <= start < end <= len(self._map) else None
+
+    def _release(self, blocks: np.ndarray) -> None:
+        """Drop the map's pages under ``blocks`` from this process (a page shared with another tensor
+        stays)."""
+        pages = self._pages(blocks)
+        if pages is not None:
+            self._map.madvise(mmap.MADV_DONTNEED, pages[0], pages[1] - pages[0])
 
 
 def int4_from_blocks(kind: str, blocks: np.ndarray, columns: int, what: str = "a tensor") -> Int4Weight:
