@@ -61,6 +61,31 @@ def test_tensors_equal_transformers_gguf_load(reference: PreTrainedModel) -> Non
         assert torch.equal(ours, theirs[name]), name
 
 
+def _mapped_kib(path: Path) -> int:
+    """Resident KiB of this process's maps of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isdigit() or line[:1] in "abcdef":  # a mapping's header line: address range, ..., path
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="needs Linux's /proc/self/smaps")
+def test_read_tensors_give_their_pages_back() -> None:
+    """Each tensor read hands its pages of the map back: reading them all leaves almost none of the file
+    resident in the process (the weights built from them are copies), so a load never holds the file
+    and the weights at once."""
+    tensors = GGUFTensors(GGUF_PATH)
+    int4 = [n for n in tensors.names() if tensors.type_name(n) in ("Q4_0", "Q4_1", "Q4_K")]
+    assert int4, "the default model has int4 tensors"
+    for name in tensors.names():
+        tensors.int4(name) if name in int4 else tensors.dense(name)
+    # Only pages shared by two tensors, and the header's, may stay.
+    assert _mapped_kib(GGUF_PATH) * 1024 < 0.02 * GGUF_PATH.stat().st_size
+
+
 def test_folder_holds_no_weights(folder: Path) -> None:
     """The weights stay in the file: the folder is its config and tokenizer, a few percent of it."""
     names = {p.name for p in folder.iterdir()}

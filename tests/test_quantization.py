@@ -157,6 +157,12 @@ def test_int4_from_the_file_is_its_dequantized_weight() -> None:
         weight.columns(32, 128)
     with pytest.raises(ValueError, match="Q8_0 .*not int4-exact"):
         tensors.int4("model.embed_tokens.weight")
+    # A fused projection: the tensors' rows one after another, written in place.
+    names = [f"model.layers.2.self_attn.{p}_proj.weight" for p in "qkv"]
+    fused = tensors.int4(*names)
+    assert torch.equal(fused.dequantize(), torch.cat([tensors.dense(n) for n in names]))
+    with pytest.raises(ValueError, match="differ in columns"):
+        tensors.int4(names[0], "model.layers.2.mlp.down_proj.weight")
 
 
 # -- the default model end to end ----------------------------------------------------------------

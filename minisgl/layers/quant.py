@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minisgl.kernels.native import Matmul, cpu_kernels
+from minisgl.kernels.native import Int4Buffers, Matmul, cpu_kernels
 
 QuantMode = Literal["int4", "int8"]
 INT4_GROUP = 32  # GGUF's block size for Q4_0/Q4_1 and Q4_K's sub-blocks
@@ -174,6 +174,20 @@ class Int4Weight(QuantizedWeight):
     def quantize(cls, w: torch.Tensor) -> Int4Weight:
         """Round-to-nearest per group of 32: the group's minimum and (max - min) / 15 as scale."""
         return cls.from_groups(w, *rtn_groups(w))
+
+    @classmethod
+    def empty(cls, out_features: int, in_features: int) -> Int4Weight:
+        """An [out, in] weight to be filled (``rows_view``)."""
+        groups = in_features // INT4_GROUP
+        return cls(
+            torch.empty(out_features, in_features // 2, dtype=torch.uint8),
+            torch.empty(out_features, groups, dtype=torch.float16),
+            torch.empty(out_features, groups, dtype=torch.float16),
+        )
+
+    def rows_view(self, start: int, end: int) -> Int4Buffers:
+        """(codes, scale, minimum) of output rows ``start .. end``, views to write them through."""
+        return self.codes[start:end], self.scale[start:end], self.minimum[start:end]
 
     def rows(self, start: int, end: int) -> Int4Weight:
         """Output rows ``start .. end``, copied (a view would keep the whole weight alive)."""

@@ -15,13 +15,16 @@ Two ways to read one:
 
 from __future__ import annotations
 
+import mmap
 import struct
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from minisgl.kernels.native import Int4Buffers
 from minisgl.layers.quant import INT4_BLOCK, INT4_GROUP, Int4Weight
 from minisgl.models.gguf_arch import GGUFArch, gguf_arch, hf_tensors
 
@@ -94,14 +97,16 @@ class _Cursor:
         return None
 
 
-def _read_gguf(path: Path) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], Any, np.ndarray]]]:
-    """A GGUF file's metadata and tensors (name, GGUF dims innermost first, type, data memory-mapped
-    with the ``gguf`` package's array shapes: blocks as [..., rows, bytes]), parsed directly: the
-    ``gguf`` reader builds an array for every token of the vocabulary, seconds at start-up."""
+def _read_gguf(
+    path: Path, mapped: mmap.mmap
+) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], Any, np.ndarray]]]:
+    """A GGUF file's metadata and tensors (name, GGUF dims innermost first, type, data in ``mapped``,
+    the file's map, with the ``gguf`` package's array shapes: blocks as [..., rows, bytes]), parsed
+    directly: the ``gguf`` reader builds an array for every token of the vocabulary, seconds at start-up."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     try:
-        data = np.memmap(path, dtype=np.uint8, mode="r")
+        data = np.frombuffer(mapped, dtype=np.uint8)
         cursor = _Cursor(memoryview(data))
         if bytes(data[:4]) != b"GGUF":
             raise ValueError(f"magic {bytes(data[:4])!r}, expected b'GGUF'")
@@ -138,10 +143,23 @@ def _read_gguf(path: Path) -> tuple[dict[str, Any], list[tuple[str, tuple[int, .
 
 
 class GGUFTensors:
-    """Every tensor of a GGUF file by Hugging Face name: its format, shape and blocks."""
+    """Every tensor of a GGUF file by Hugging Face name: its format, shape and blocks.
+
+    Reading a tensor hands its pages of the map back to the kernel (``MADV_DONTNEED``): every weight
+    is copied into its own layout, so without that a load would hold the file's pages and the
+    weights built from them at once, twice the model at its peak. The pages stay in the page cache,
+    so a tensor read again (a tensor-parallel rank's second slice) is only faulted back in."""
 
     def __init__(self, path: Path) -> None:
-        fields, tensors = _read_gguf(path)
+        with path.open("rb") as f:
+            try:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except (ValueError, OSError) as e:  # an empty file cannot be mapped
+                raise ValueError(f"cannot read GGUF file {path}: {e}") from e
+        self._base = np.frombuffer(self._map, dtype=np.uint8).ctypes.data
+        fields, tensors = _read_gguf(path, self._map)
+        header = min((np.lib.array_utils.byte_bounds(t[3])[0] - self._base for t in tensors), default=0)
+        self._release(np.frombuffer(self._map, dtype=np.uint8, count=header))  # parsed: its pages are done
         arch_name = fields.get("general.architecture")
         self.arch: GGUFArch = gguf_arch(arch_name, path.name)
         heads = fields.get(f"{arch_name}.attention.head_count")
@@ -153,8 +171,11 @@ class GGUFTensors:
         self.name = path.name
         self._tensors: dict[str, tuple[np.ndarray, Any, int]] = {}  # blocks, quantization type, columns
         for gguf_name, dims, kind, data in tensors:
-            for name, blocks in hf_tensors(self.arch, config, gguf_name, data):
+            parts = list(hf_tensors(self.arch, config, gguf_name, data))
+            for name, blocks in parts:
                 self._tensors[name] = (blocks, kind, int(dims[0]))
+            if all(self._pages(blocks) is None for _, blocks in parts):  # reordered into copies: done with the file
+                self._release(data)
 
     def __contains__(self, name: str) -> bool:
         return name in self._tensors
@@ -175,66 +196,107 @@ class GGUFTensors:
         from gguf.quants import dequantize
 
         blocks, kind, _ = self._tensors[name]
-        values = dequantize(blocks, kind)
+        if kind.name == "Q8_0":  # the reference's arithmetic (code * fp32(d)) on torch's threads
+            b = _read_only_tensor(blocks).view(-1, 34)  # fp16 d, 32 int8 codes
+            d = b[:, :2].contiguous().view(torch.float16).float()
+            dense = b[:, 2:].view(torch.int8).float().mul_(d).view(self.shape(name))
+        else:
+            values = dequantize(blocks, kind)
+            if not values.flags.writeable:  # a view of the read-only map (F32 tensors): copied
+                values = values.copy()
+            dense = torch.from_numpy(values.astype(np.float32, copy=False).reshape(self.shape(name)))
+        self._release(blocks)
         if self.arch.norm_shift and name.endswith("norm.weight"):
-            values = values - np.float32(self.arch.norm_shift)  # a new array
-        if not values.flags.writeable:  # a view of the read-only map (F32 tensors): copied
-            values = values.copy()
-        return torch.from_numpy(values.astype(np.float32, copy=False).reshape(self.shape(name)))
+            dense -= self.arch.norm_shift
+        return dense
 
-    def int4(self, name: str) -> Int4Weight:
+    def int4(self, *names: str) -> Int4Weight:
         """The file's 4-bit codes and grid as an ``Int4Weight`` (Q4_0 / Q4_1 / Q4_K, a multiple of
-        64 columns)."""
-        blocks, kind, columns = self._tensors[name]
-        return int4_from_blocks(kind.name, blocks, columns, f"{self.name}: {name}")
+        64 columns); several tensors' rows one after another (a fused projection), each written in
+        place: no concatenated copy."""
+        parts = [self._tensors[name] for name in names]
+        columns = {part[2] for part in parts}
+        if len(columns) != 1:
+            raise ValueError(f"{self.name}: {', '.join(names)} differ in columns ({sorted(columns)}): not one weight")
+        (k,) = columns
+        weight = Int4Weight.empty(sum(len(blocks) for blocks, _, _ in parts), k)
+        row = 0
+        for name, (blocks, kind, _) in zip(names, parts):
+            int4_into(weight.rows_view(row, row + len(blocks)), kind.name, blocks, k, f"{self.name}: {name}")
+            self._release(blocks)
+            row += len(blocks)
+        return weight
+
+    def _pages(self, blocks: np.ndarray) -> tuple[int, int] | None:
+        """The map's whole pages inside ``blocks`` (start, end offsets), or None: none, or blocks that
+        are a copy, not a view of the map."""
+        low, high = np.lib.array_utils.byte_bounds(blocks)
+        start = -(-(low - self._base) // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (high - self._base) // mmap.PAGESIZE * mmap.PAGESIZE
+        return (start, end) if 0 <= start < end <= len(self._map) else None
+
+    def _release(self, blocks: np.ndarray) -> None:
+        """Drop the map's pages under ``blocks`` from this process (a page shared with another tensor
+        stays)."""
+        pages = self._pages(blocks)
+        if pages is not None:
+            self._map.madvise(mmap.MADV_DONTNEED, pages[0], pages[1] - pages[0])
+
+
+def _read_only_tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor over a read-only array of the map, only ever read (torch warns that it could be written)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 def int4_from_blocks(kind: str, blocks: np.ndarray, columns: int, what: str = "a tensor") -> Int4Weight:
     """A [rows, columns] tensor stored as ``kind`` blocks (``blocks``: [rows, bytes]) as an ``Int4Weight``."""
+    weight = Int4Weight.empty(len(blocks), columns)
+    int4_into(weight.rows_view(0, len(blocks)), kind, blocks, columns, what)
+    return weight
+
+
+def int4_into(out: Int4Buffers, kind: str, blocks: np.ndarray, columns: int, what: str = "a tensor") -> None:
+    """Write ``kind`` blocks ([rows, bytes]) into ``out``, an ``Int4Weight``'s (codes, scale, minimum) rows."""
     if kind not in INT4_EXACT or columns % INT4_BLOCK or blocks.ndim != 2:
         raise ValueError(f"{what} is {kind} with {columns} columns, not int4-exact ({', '.join(INT4_EXACT)})")
-    return _INT4_READERS[kind](blocks, columns)
+    _INT4_READERS[kind](blocks, columns, *(t.numpy() for t in out))
 
 
 def _f16(blocks: np.ndarray, offset: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[..., offset : offset + 2]).view(np.float16)[..., 0]
 
 
-def _pair_interleaved(words: np.ndarray) -> np.ndarray:
+def _pair_interleaved(words: np.ndarray, out: np.ndarray) -> None:
     """Q4_0 / Q4_1 codes ([rows, blocks, 4] 32-bit words of each block's 16 bytes: element j low,
-    j + 16 high) in the kernel's layout.
+    j + 16 high) written into ``out`` ([rows, columns / 2] uint8) in the kernel's layout.
 
     The kernel's byte i of a 64-column block pairs column c low with c + 16 high within one group
     of 32, as GGUF's blocks do, its 4-byte chunks alternating between the block's two groups
     (``quant_gemm.c``): so the layout is the two blocks' words interleaved, one copy."""
     rows, count, _ = words.shape
     pairs = words.reshape(rows, count // 2, 2, 4).transpose(0, 1, 3, 2)
-    return np.ascontiguousarray(pairs).view(np.uint8).reshape(rows, count * 16)
+    np.copyto(out.view(np.uint32).reshape(rows, count // 2, 4, 2), pairs)
 
 
-def _weight(codes: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> Int4Weight:
-    rows = codes.shape[0]
-    return Int4Weight(
-        torch.from_numpy(codes),
-        torch.from_numpy(np.ascontiguousarray(scale, dtype=np.float16).reshape(rows, -1)),
-        torch.from_numpy(np.ascontiguousarray(minimum, dtype=np.float16).reshape(rows, -1)),
-    )
-
-
-def _q4_0(blocks: np.ndarray, columns: int) -> Int4Weight:
+def _q4_0(blocks: np.ndarray, columns: int, codes: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> None:
     b = blocks.reshape(blocks.shape[0], columns // INT4_GROUP, 18)  # fp16 d, 16 bytes: w = d * (q - 8)
     d = _f16(b, 0)
-    return _weight(_pair_interleaved(np.ascontiguousarray(b[..., 2:]).view(np.uint32)), d, -8 * d.astype(np.float32))
+    _pair_interleaved(np.ascontiguousarray(b[..., 2:]).view(np.uint32), codes)
+    scale[:] = d
+    minimum[:] = -8 * d.astype(np.float32)  # exact: a power of two times an fp16
 
 
-def _q4_1(blocks: np.ndarray, columns: int) -> Int4Weight:
+def _q4_1(blocks: np.ndarray, columns: int, codes: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> None:
     b = blocks.reshape(blocks.shape[0], columns // INT4_GROUP, 20)  # fp16 d, fp16 m, 16 bytes: w = d * q + m
     # 20-byte blocks: 5 words each, the codes words 1-4, read in place (no copy before the interleave).
     words = np.ascontiguousarray(blocks).view(np.uint32).reshape(blocks.shape[0], -1, 5)[..., 1:]
-    return _weight(_pair_interleaved(words), _f16(b, 0), _f16(b, 2))
+    _pair_interleaved(words, codes)
+    scale[:], minimum[:] = _f16(b, 0), _f16(b, 2)
 
 
-def _q4_k(blocks: np.ndarray, columns: int) -> Int4Weight:
+def _q4_k(blocks: np.ndarray, columns: int, codes: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> None:
     from gguf.quants import Q4_K
 
     # 256 weights: fp16 d and dmin, 12 bytes of 6-bit scales and mins for 8 groups of 32, 128 bytes
@@ -244,10 +306,13 @@ def _q4_k(blocks: np.ndarray, columns: int) -> Int4Weight:
     sc, m = Q4_K.get_scale_min(b[:, 4:16])
     d, dmin = _f16(b, 0).astype(np.float32)[:, None], _f16(b, 2).astype(np.float32)[:, None]
     qs = b[:, 16:].reshape(-1, 4, 1, 32)
-    codes = np.concatenate([qs & 0xF, qs >> 4], axis=2).reshape(rows, columns)
-    scale = (d * sc.astype(np.float32)).reshape(rows, -1)
-    minimum = (-dmin * m.astype(np.float32)).reshape(rows, -1)
-    return Int4Weight.from_codes(torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(minimum))
+    unpacked = np.concatenate([qs & 0xF, qs >> 4], axis=2).reshape(rows, columns)
+    weight = Int4Weight.from_codes(
+        torch.from_numpy(unpacked),
+        torch.from_numpy((d * sc.astype(np.float32)).reshape(rows, -1)),
+        torch.from_numpy((-dmin * m.astype(np.float32)).reshape(rows, -1)),
+    )
+    codes[:], scale[:], minimum[:] = weight.codes.numpy(), weight.scale.numpy(), weight.minimum.numpy()
 
 
 _INT4_READERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}

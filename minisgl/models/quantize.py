@@ -116,20 +116,19 @@ def _choose_auto(spec: WeightSpec, read_dense: DenseReader, gguf: GGUFTensors) -
     label = "/".join(kinds)
     what = "embedding " if spec.is_embedding else ""
     if all(k in INT4_EXACT for k in kinds) and spec.module.shape[1] % INT4_BLOCK == 0:
-        parts = [gguf.int4(s) for s in spec.sources]
-        return Choice(_shard(parts, spec.module.partition), f"{what}int4 ({label}, exact codes)")
+        return Choice(_shard(gguf, spec.sources, spec.module.partition), f"{what}int4 ({label}, exact codes)")
     if all(k in INT8_NEAREST or k in INT4_EXACT for k in kinds):
         return Choice(Int8Weight.quantize(read_dense(spec)), f"{what}int8 per row ({label} requantized)")
     return Choice(None, f"{what}dense ({label}: no CPU kernel for it)")
 
 
-def _shard(parts: list[Int4Weight], partition: Partition | None) -> Int4Weight:
+def _shard(gguf: GGUFTensors, sources: tuple[str, ...], partition: Partition | None) -> Int4Weight:
     """This tensor-parallel rank's share of a fused int4 weight, sliced like the loader slices a dense one."""
     if partition is None:
-        return Int4Weight.cat(parts)
+        return gguf.int4(*sources)
     if partition.kind == "row":
-        return Int4Weight.cat(parts).columns(*partition.ranges[0])
-    return Int4Weight.cat([part.rows(start, end) for part, (start, end) in zip(parts, partition.ranges)])
+        return gguf.int4(*sources).columns(*partition.ranges[0])
+    return Int4Weight.cat([gguf.int4(s).rows(start, end) for s, (start, end) in zip(sources, partition.ranges)])
 
 
 def release_dense(specs: list[WeightSpec], plan: dict[str, QuantizedWeight]) -> None:
