@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minisgl.kernels.native import CpuKernels, cpu_kernels
+from minisgl.kernels.native import CpuKernels
 
 
 class RMSNorm(nn.Module):
@@ -14,6 +14,8 @@ class RMSNorm(nn.Module):
     ``add_forward`` also adds the residual first: the decoder's x + sublayer(x) followed by the
     next norm, in one call."""
 
+    kernels: CpuKernels | None = None  # the engine's C kernels (``DecoderForCausalLM.use_kernels``); None: torch's ops
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
@@ -23,7 +25,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernels = self._kernels(x)
         if kernels is not None:
-            return kernels.rms_norm(x, self.weight, self.eps)[0]
+            return kernels.rms_norm(x.contiguous(), self.weight, self.eps)[0]
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             return torch.rms_norm(x, self.shape, self.weight, self.eps)
         return self.weight * torch.rms_norm(x.float(), self.shape, eps=self.eps).to(x.dtype)
@@ -32,10 +34,10 @@ class RMSNorm(nn.Module):
         """(norm(residual + delta), residual + delta)."""
         kernels = self._kernels(residual)
         if kernels is not None:
-            return kernels.rms_norm(residual, self.weight, self.eps, delta)
+            return kernels.rms_norm(residual.contiguous(), self.weight, self.eps, delta.contiguous())
         total = residual + delta
         return self(total), total
 
     def _kernels(self, x: torch.Tensor) -> CpuKernels | None:
         fp32 = x.dtype == torch.float32 and self.weight.dtype == torch.float32
-        return cpu_kernels() if fp32 and x.is_cpu else None
+        return self.kernels if fp32 and x.is_cpu else None

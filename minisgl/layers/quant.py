@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minisgl.kernels.native import Matmul, cpu_kernels
+from minisgl.kernels.native import CpuKernels, Matmul
 
 QuantMode = Literal["int4", "int8"]
 INT4_GROUP = 32  # GGUF's block size for Q4_0/Q4_1 and Q4_K's sub-blocks
@@ -82,6 +82,8 @@ class QuantizedWeight(nn.Module):
     out_features: int
     in_features: int
     buffer: DequantBuffer | None = None  # set by the loader: shared by the model's quantized weights
+    # The engine's C kernels (``DecoderForCausalLM.use_kernels``), set before the first product; None: torch's.
+    kernels: CpuKernels | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """On the CPU: the kernels for at most ``max_kernel_rows`` rows, bf16 GEMM on the expanded
@@ -202,13 +204,13 @@ class Int4Weight(QuantizedWeight):
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         if self._c_matmul is not None:
-            return self._c_matmul(rows.float())
+            return self._c_matmul(rows.float().contiguous())
         packed, scales_and_zeros = self._torch_packing
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), packed, INT4_GROUP, scales_and_zeros)
 
     @cached_property
     def _c_matmul(self) -> Matmul | None:
-        kernels = cpu_kernels()
+        kernels = self.kernels
         return None if kernels is None else kernels.int4(self.codes, self.scale, self.minimum)
 
     @cached_property
@@ -228,7 +230,7 @@ class Int4Weight(QuantizedWeight):
         return w.view(codes.shape[0], self.in_features)
 
     def expand(self, start: int, out: torch.Tensor) -> None:
-        kernels = cpu_kernels()
+        kernels = self.kernels
         if kernels is not None:
             kernels.int4_dequantize(self.codes, self.scale, self.minimum, start, out)
         else:
@@ -273,13 +275,13 @@ class Int8Weight(QuantizedWeight):
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         if self._c_matmul is not None:
-            return self._c_matmul(rows.float())
+            return self._c_matmul(rows.float().contiguous())
         # bf16 activations (and so scales): the torch kernel's fp32 path measured 10-100x slower past one row.
         return torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.codes, self._bf16_scale)
 
     @cached_property
     def _c_matmul(self) -> Matmul | None:
-        kernels = cpu_kernels() if self.in_features % INT4_GROUP == 0 else None
+        kernels = self.kernels if self.in_features % INT4_GROUP == 0 else None
         return None if kernels is None else kernels.int8(self.codes, self.scale)
 
     @cached_property
@@ -290,7 +292,7 @@ class Int8Weight(QuantizedWeight):
         return self.codes[ids].float() * self.scale[ids].unsqueeze(1)
 
     def expand(self, start: int, out: torch.Tensor) -> None:
-        kernels = cpu_kernels() if self.in_features % 16 == 0 else None
+        kernels = self.kernels if self.in_features % 16 == 0 else None
         if kernels is not None:
             kernels.int8_dequantize(self.codes, self.scale, start, out)
         else:

@@ -17,13 +17,13 @@ from torch import nn
 
 from minisgl.batch import AttentionContext
 from minisgl.distributed.sharding import HeadShard, even_range, shard_heads
-from minisgl.kernels.native import FusedDecoder, LayerWeights, cpu_kernels
+from minisgl.kernels.native import CpuKernels, FusedDecoder, LayerWeights
 from minisgl.layers.embedding import VocabEmbedding
 from minisgl.layers.linear import Linear, column, row
 from minisgl.layers.mlp import GatedMLP
 from minisgl.layers.moe import SparseMoE
 from minisgl.layers.norm import RMSNorm
-from minisgl.layers.quant import Int4Weight
+from minisgl.layers.quant import Int4Weight, QuantizedWeight
 from minisgl.layers.rotary import Rope, RotaryEmbedding, apply_rotary
 from minisgl.models.config import ModelConfig
 
@@ -151,6 +151,7 @@ class DecoderForCausalLM(nn.Module):
 
     qkv_bias: bool = False
     qk_norm: bool = False
+    kernels: CpuKernels | None = None  # the engine's C kernels (``use_kernels``); None: torch's
 
     def __init__(self, cfg: ModelConfig, max_positions: int, tp: TPGroup | None = None) -> None:
         super().__init__()
@@ -161,11 +162,19 @@ class DecoderForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def use_kernels(self, kernels: CpuKernels | None) -> None:
+        """Run the C kernels ``kernels`` (None: torch's) wherever this model has a choice: its norms,
+        its quantized weights and its fused decode step. Called once by the loader, before any pass."""
+        self.kernels = kernels
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, QuantizedWeight)):
+                module.kernels = kernels
+
     @cached_property
     def _fused_decoder(self) -> FusedDecoder | None:
         """The decode step as one C call, where every layer can run in ``decode_layer.c``: decided
         at the first forward pass, once the loader has installed the quantized weights."""
-        kernels = cpu_kernels()
+        kernels = self.kernels
         if kernels is None or self.tp is not None:
             return None
         layers = [layer.fused_weights() for layer in self.model.layers]
@@ -182,7 +191,9 @@ class DecoderForCausalLM(nn.Module):
         if fused is not None and paged is not None and x.dtype == torch.float32 and len(x) <= Int4Weight.max_kernel_rows:
             # The same layers in one C call (decode_layer.c): at one request the Python and small
             # ops between the kernels were a third of the step.
-            x, residual = fused.run(x, *rope, paged.k_pool, paged.v_pool, paged.out_slots, paged.kv_slots, paged.kv_lens)
+            cos, sin = (t.reshape(len(x), -1) for t in rope)  # [tokens, 1, d] broadcast rows → [tokens, d]
+            pools = (paged.k_pool, paged.v_pool)
+            x, residual = fused.run(x, cos, sin, *pools, paged.out_slots, paged.kv_slots, paged.kv_lens)
         else:
             residual = None
             for layer in self.model.layers:
