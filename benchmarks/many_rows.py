@@ -2,7 +2,7 @@
 rows, the weight streamed once per 4 rows) against the weight expanded to bf16 and torch's bf16 GEMM
 (``QuantizedWeight.many_rows``), at several row counts, on the projections of the default model and of
 a 1.7B one (SmolLM2-1.7B's shapes). Dense packed bf16 and fp32 products are printed beside them.
-``Int4Weight.max_kernel_rows`` / ``Int8Weight.max_kernel_rows`` are set from this.
+``INT4_MAX_KERNEL_ROWS`` / ``INT8_MAX_KERNEL_ROWS`` (``minisgl/tuning.py``) are set from this.
 
 Run: python -m benchmarks.many_rows [--rows 1 8 16 32 64 512] [--threads N] [--kernels auto|torch|c:avx2 ...]
 """
@@ -19,6 +19,7 @@ from benchmarks.machine import cpu_flags, load_average, machine_info
 from minisgl.kernels.native import KERNEL_CHOICES, resolve_kernels
 from minisgl.layers.linear import Linear, pack_weights
 from minisgl.layers.quant import DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
+from minisgl.tuning import DEQUANT_BUFFER_ELEMENTS
 
 # (name, out, in): the fused projections of a layer, and the LM head.
 SHAPES = {
@@ -71,7 +72,7 @@ def main() -> None:
                     quantized.append(("int8", Int8Weight.quantize(w)))
                 bf16, fp32 = dense_linear(w.bfloat16()), dense_linear(w.clone())
                 for fmt, q in quantized:
-                    q.buffer, q.kernels = DequantBuffer(min(n * k, 1 << 25)), kernels
+                    q.buffer, q.kernels = DequantBuffer(min(n * k, DEQUANT_BUFFER_ELEMENTS)), kernels
                     for rows in args.rows:
                         x = torch.randn(rows, k)
                         xb = x.bfloat16()

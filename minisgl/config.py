@@ -10,6 +10,7 @@ from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.kernels.native import check_kernel_choice
 from minisgl.kvcache.registry import PREFIX_CACHES
 from minisgl.models.quantize import check_mode
+from minisgl.tuning import MAX_PREFILL_TOKENS
 
 
 @dataclass
@@ -32,7 +33,7 @@ class EngineConfig:
     page_size: int = 1
     cache_type: str = "radix"  # naive | radix
     schedule_policy: str = "lpm"  # lpm | fcfs
-    max_prefill_tokens: int = 2048  # token budget of one prefill batch (longer prompts are chunked)
+    max_prefill_tokens: int = MAX_PREFILL_TOKENS  # token budget of one prefill batch (longer prompts are chunked)
     attention_backend: str = "torch"
     num_threads: int | None = None  # torch intra-op threads on CPU (per rank); None = all cores / ranks per node
     seed: int = 0

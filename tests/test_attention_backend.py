@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from minisgl.attention.decode import (
-    MIN_SHARED_PREFIX,
     CascadeDecode,
     MatmulDecode,
     PagedDecode,
@@ -20,6 +19,7 @@ from minisgl.attention.torch_backend import PerLayerWindow
 from minisgl.batch import AttentionKind, Batch
 from minisgl.kernels.native import CpuKernels
 from minisgl.kvcache.pool import KVPool
+from minisgl.tuning import MIN_SHARED_PREFIX
 from tests.conftest import c_kernels_or_skip
 
 HEADS, KV_HEADS, DIM, SLOTS = 6, 2, 16, 4096

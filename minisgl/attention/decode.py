@@ -24,9 +24,8 @@ from minisgl.attention.ops import attention_with_lse, key_bias
 from minisgl.batch import PagedKV
 from minisgl.kernels.native import CpuKernels
 from minisgl.kvcache.pool import KVPool
+from minisgl.tuning import MIN_SHARED_PREFIX
 
-# A shared run shorter than this is cheaper to gather per request than to attend separately.
-MIN_SHARED_PREFIX = 64
 
 
 class DecodeAttention:

@@ -398,9 +398,13 @@ class CpuKernels:
         return FusedDecoder(self, layers)
 
 
+def paged_attention_fits(heads: int, kv_heads: int, d: int) -> bool:
+    """What paged_attention.c takes: head_dim a multiple of 16, 1-16 query heads per KV head."""
+    return d % 16 == 0 and kv_heads >= 1 and heads % kv_heads == 0 and heads // kv_heads <= 16
+
+
 def _check_heads(heads: int, kv_heads: int, d: int) -> None:
-    """What paged_attention.c takes: head_dim a multiple of 16, at most 16 query heads per KV head."""
-    if d % 16 or kv_heads < 1 or heads % kv_heads or heads // kv_heads > 16:
+    if not paged_attention_fits(heads, kv_heads, d):
         raise ValueError(f"paged attention needs head_dim % 16 == 0 and 1-16 query heads per KV head, "
                          f"got {heads} heads, {kv_heads} KV heads, head_dim {d}")  # fmt: skip
 

@@ -26,6 +26,7 @@ from minisgl.layers.norm import RMSNorm
 from minisgl.layers.quant import Int4Weight, QuantizedWeight
 from minisgl.layers.rotary import Rope, RotaryEmbedding, apply_rotary
 from minisgl.models.config import ModelConfig
+from minisgl.tuning import FUSED_DECODE_MAX_BATCH
 
 if TYPE_CHECKING:
     from minisgl.distributed.group import TPGroup
@@ -188,7 +189,7 @@ class DecoderForCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         rope = self.model.rotary.table(positions, x.dtype)
         fused, paged = self._fused_decoder, ctx.paged
-        if fused is not None and paged is not None and x.dtype == torch.float32 and len(x) <= Int4Weight.max_kernel_rows:
+        if fused is not None and paged is not None and x.dtype == torch.float32 and len(x) <= FUSED_DECODE_MAX_BATCH:
             # The same layers in one C call (decode_layer.c): at one request the Python and small
             # ops between the kernels were a third of the step.
             cos, sin = (t.reshape(len(x), -1) for t in rope)  # [tokens, 1, d] broadcast rows → [tokens, d]
