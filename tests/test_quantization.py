@@ -201,13 +201,17 @@ def test_fused_decode_step_matches_the_layer_by_layer_one(auto_llm: LLM, monkeyp
     assert_fused_matches_layers(auto_llm, monkeypatch, steps=1)
 
 
-@pytest.mark.parametrize("variant", [v.name for v in VARIANTS])
+@pytest.mark.parametrize(
+    "kind, variant",
+    [*(("llama", v.name) for v in VARIANTS), ("qwen2", "avx512"), ("qwen3", "avx512"), ("qwen3", "avx2")],
+)
 def test_fused_decode_of_a_gqa_model_quantized_at_load(
-    variant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kind: str, variant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With an fp32 pool, whole greedy sequences agree, on every build of the kernels this CPU runs."""
+    """With an fp32 pool, whole greedy sequences agree, on every build of the kernels this CPU runs;
+    Qwen2's QKV bias and Qwen3's Q/K head norms run in the same single call."""
     c_kernels_or_skip(f"c:{variant}")
-    folder = build_tiny_model("llama", tmp_path / "llama")
+    folder = build_tiny_model(kind, tmp_path / kind)
     llm = LLM(str(folder), quantization="int4", kv_dtype="float32", num_page_override=512, kernels=f"c:{variant}")
     try:
         assert_fused_matches_layers(llm, monkeypatch)

@@ -223,7 +223,8 @@ def _check_int4(name: str, weight: Int4Buffers) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One plain Llama decoder layer whose four projections are int4 (``decode_layer.c``)."""
+    """One decoder layer with a dense MLP whose four projections are int4 (``decode_layer.c``):
+    Llama's, Qwen2's (a QKV bias) or Qwen3's (Q/K head norms)."""
 
     hidden: int
     heads: int
@@ -237,6 +238,9 @@ class LayerWeights:
     o: Int4Buffers
     gate_up: Int4Buffers  # gate rows, then up rows
     down: Int4Buffers
+    qkv_bias: torch.Tensor | None = None  # fp32 [(heads + 2 kv_heads) * head_dim] (Qwen2)
+    q_norm: torch.Tensor | None = None  # fp32 [head_dim], with k_norm (Qwen3): eps is the layer's
+    k_norm: torch.Tensor | None = None
 
 
 class CpuKernels:
@@ -443,6 +447,13 @@ class FusedDecoder:
                 if _check_int4(f"layer {i} {name}", getattr(w, name)) != want:
                     raise ValueError(f"layer {i} {name} must be [{want[0]}, {want[1]}] int4")
             c = self._layers[i]
+            if w.qkv_bias is not None:
+                c.qkv_bias = p(_check(f"layer {i} qkv_bias", w.qkv_bias, (torch.float32,), (qkv_rows,)))
+            if (w.q_norm is None) != (w.k_norm is None):
+                raise ValueError(f"layer {i} needs both q_norm and k_norm, or neither")
+            if w.q_norm is not None and w.k_norm is not None:
+                c.q_norm = p(_check(f"layer {i} q_norm", w.q_norm, (torch.float32,), (head_dim,)))
+                c.k_norm = p(_check(f"layer {i} k_norm", w.k_norm, (torch.float32,), (head_dim,)))
             c.layer, c.hidden, c.heads, c.kv_heads, c.head_dim, c.intermediate = i, *self._shape
             c.eps, c.input_norm, c.post_norm = w.eps, p(w.input_norm), p(w.post_norm)
             for name in shapes:

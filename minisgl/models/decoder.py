@@ -106,26 +106,34 @@ class DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
     def fused_weights(self) -> LayerWeights | None:
-        """This layer for ``decode_layer.c``, if it is the plain kind it runs: a dense MLP, no
-        Q/K norm, no bias, no sharding, every projection int4, fp32 norms."""
+        """This layer for ``decode_layer.c``, if it is a kind it runs: a dense MLP, no sharding, every
+        projection int4, fp32 norms of one eps; a bias on the QKV projection only (Qwen2), Q/K head
+        norms or none (Qwen3)."""
         attn, mlp = self.self_attn, self.mlp
-        if not isinstance(mlp, GatedMLP) or attn.q_norm is not None:
+        if not isinstance(mlp, GatedMLP):
             return None
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
         weights = [m.quantized for m in linears]
-        if any(m.bias is not None or m.partition is not None for m in linears):
+        if any(m.partition is not None for m in linears) or any(m.bias is not None for m in linears[1:]):
             return None
-        norms = (self.input_layernorm, self.post_attention_layernorm)
-        if norms[0].eps != norms[1].eps or any(n.weight.dtype != torch.float32 or not n.weight.is_cpu for n in norms):
+        head_norms = (attn.q_norm, attn.k_norm) if attn.q_norm is not None and attn.k_norm is not None else ()
+        norms = (self.input_layernorm, self.post_attention_layernorm, *head_norms)
+        fp32 = all(n.weight.dtype == torch.float32 and n.weight.is_cpu for n in norms)
+        if len({n.eps for n in norms}) != 1 or not fp32:
+            return None
+        bias = attn.qkv_proj.bias
+        if bias is not None and (bias.dtype != torch.float32 or not bias.is_cpu):
             return None
         int4 = [(w.codes, w.scale, w.minimum) for w in weights if isinstance(w, Int4Weight)]
         if len(int4) != len(linears):
             return None
         down = weights[3]
         assert down is not None
+        q_norm, k_norm = (n.weight.detach() for n in head_norms) if head_norms else (None, None)
         return LayerWeights(
             down.out_features, attn.num_heads, attn.num_kv_heads, attn.head_dim, down.in_features, norms[0].eps,
             norms[0].weight.detach(), norms[1].weight.detach(), *int4,
+            qkv_bias=None if bias is None else bias.detach(), q_norm=q_norm, k_norm=k_norm,
         )  # fmt: skip
 
 

@@ -2,10 +2,10 @@
 // them. Through Python the same chain is ~15 calls and ~25 small torch ops a layer, about a third
 // of a step at one request on 2 cores.
 //
-// The layer is the plain Llama one (minisgl/models/decoder.py): RMSNorm, fused QKV (int4), RoPE,
-// paged attention (which stores the new K/V), output projection (int4), residual add and
-// RMSNorm, fused gate/up (int4), SiLU(gate) * up, down projection (int4). Each row is one request's
-// new token. The structs (Layer, Step) are declared in kernels.h, the boundary.
+// The layer is minisgl/models/decoder.py's with a dense MLP: RMSNorm, fused QKV (int4, plus its bias
+// for Qwen2), Q/K head norms (Qwen3), RoPE, paged attention (which stores the new K/V), output
+// projection (int4), residual add and RMSNorm, fused gate/up (int4), SiLU(gate) * up, down projection
+// (int4). Each row is one request's new token. The structs (Layer, Step) are declared in kernels.h, the boundary.
 
 #include <math.h>
 #include <stdint.h>
@@ -40,6 +40,15 @@ static int decode_layer(const Layer *l, const Step *s, const float *delta, int f
     }
     int failed = int4_matmul(h, b, l->hidden, l->qkv.codes, l->qkv.scale, l->qkv.minimum, qkv_width, qkv, s->threads);
     if (failed) return failed;
+    if (l->qkv_bias != NULL)
+        for (int64_t r = 0; r < b; r++)
+            for (int64_t i = 0; i < qkv_width; i++) qkv[r * qkv_width + i] += l->qkv_bias[i];
+    if (l->q_norm != NULL)  // in place, one row per head (rms_norm reads each value before writing it)
+        for (int64_t r = 0; r < b; r++) {
+            float *row = qkv + r * qkv_width;
+            rms_norm(row, 0, 0, l->q_norm, l->heads, d, l->eps, row, 1);
+            rms_norm(row + q_width, 0, 0, l->k_norm, l->kv_heads, d, l->eps, row + q_width, 1);
+        }
     rotary(qkv, qkv_width, b, qk_heads, d, s->cos, s->sin, qk);
     for (int64_t r = 0; r < b; r++) {  // attention takes Q, K and V contiguous per request
         memcpy(q + r * q_width, qk + r * qk_heads * d, sizeof(float) * (size_t)q_width);

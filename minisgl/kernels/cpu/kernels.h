@@ -22,6 +22,8 @@ typedef struct {
     float eps;
     const float *input_norm, *post_norm;  // [hidden]
     Int4 qkv, o, gate_up, down;
+    const float *qkv_bias;         // [(heads + 2 kv_heads) * head_dim] added to the QKV product (Qwen2), or NULL
+    const float *q_norm, *k_norm;  // [head_dim]: each head of Q and K RMS-normalised before RoPE (Qwen3), or NULL
 } Layer;
 
 // What one decode step is, the same for every layer.
