@@ -195,8 +195,10 @@ def test_paged_attention_refuses_mismatched_arguments(kernels: CpuKernels) -> No
     kernels.paged_decode_attention(**good)
     bad = [
         ("kv_lens", good["kv_lens"].int(), "kv_lens must be torch.int64"),
-        ("kv_lens", torch.tensor([3, 1]), r"kv_lens must lie in \[0, 3\)"),
-        ("out_slots", torch.tensor([0, 10]), r"out_slots must lie in \[0, 10\)"),
+        ("kv_lens", torch.tensor([3, 1]), "kv_lens holds a length outside"),
+        ("kv_lens", torch.tensor([-1, 1]), "kv_lens holds a length outside"),
+        ("out_slots", torch.tensor([0, 10]), "out_slots holds a slot outside the pool"),
+        ("kv_slots", torch.tensor([[0, 10], [1, 2]]), "kv_slots holds an attended slot outside the pool"),
         ("k", torch.randn(2, 3, 16), r"k must have shape \[2, 2, 16\]"),
         ("v_pool", pool.bfloat16(), "v_pool must be torch.float32"),
         ("q", torch.randn(2, 3, 16), "1-16 query heads per KV head"),
@@ -227,7 +229,11 @@ def test_the_decode_step_refuses_mismatched_arguments(kernels: CpuKernels) -> No
     assert out.shape == residual.shape == (1, hidden) and bool(out.isfinite().all())
     with pytest.raises(ValueError, match=r"x must have shape \[\*, 64\]"):
         decoder.run(torch.randn(1, 32), *rope, *pools, *slots)
-    with pytest.raises(ValueError, match=r"kv_slots must lie in \[0, 8\)"):
-        decoder.run(x, *rope, *pools, slots[0], torch.tensor([[0, 8]]), slots[2])
+    with pytest.raises(ValueError, match="kv_slots holds an attended slot outside the pool"):
+        decoder.run(x, *rope, *pools, slots[0], torch.tensor([[8, 0]]), slots[2])
+    before = [p.clone() for p in pools]
+    with pytest.raises(ValueError, match="out_slots holds a slot outside the pool"):
+        decoder.run(x, *rope, *pools, torch.tensor([-1]), *slots[1:])
+    assert all(torch.equal(a, b) for a, b in zip(before, pools))  # refused before anything was stored
     with pytest.raises(ValueError, match=r"layer 0 down must be \[64, 128\] int4"):
         kernels.fused_decoder([LayerWeights(**{**layer.__dict__, "down": int4(hidden, 64)})])

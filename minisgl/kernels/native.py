@@ -198,14 +198,6 @@ def _check(name: str, t: object, dtypes: tuple[torch.dtype, ...], shape: tuple[i
     return t
 
 
-def _check_range(name: str, t: torch.Tensor, low: int, high: int) -> None:
-    """Every value of ``t`` in [low, high) (the C code indexes with them)."""
-    if t.numel():
-        smallest, largest = (int(v) for v in torch.aminmax(t))
-        if smallest < low or largest >= high:
-            raise ValueError(f"{name} must lie in [{low}, {high}), got values {smallest}..{largest}")
-
-
 Int4Buffers = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # codes, scale, minimum (``int4``'s layout)
 
 
@@ -264,11 +256,18 @@ class CpuKernels:
         return self.ffi.cast(_C_TYPES[t.dtype], t.data_ptr())
 
     def raise_for(self, what: str, code: int) -> None:
-        """The exception a kernel's error code (kernels.h) stands for, raised; nothing for 0."""
-        if code == self.lib.KERNELS_NO_MEMORY:
+        """The exception a kernel's error code (kernels.h) stands for, raised; nothing for 0. The
+        paged attention checks its slots and lengths itself (cheaper there than a torch op each)."""
+        lib = self.lib
+        if code == lib.KERNELS_NO_MEMORY:
             raise MemoryError(f"{what}: the kernel's buffers could not be allocated")
+        problems = {
+            lib.KERNELS_BAD_OUT_SLOT: "out_slots holds a slot outside the pool",
+            lib.KERNELS_BAD_KV_LEN: "kv_lens holds a length outside [0, kv_slots' row length]",
+            lib.KERNELS_BAD_KV_SLOT: "kv_slots holds an attended slot outside the pool",
+        }
         if code:
-            raise ValueError(f"{what}: the kernel refused the shapes (code {code})")
+            raise ValueError(f"{what}: {problems.get(code, f'the kernel refused the shapes (code {code})')}")
 
     def int4(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, reference: bool = False) -> Matmul:
         """``codes``: [N, K / 2] uint8 in the C layout (``Int4Weight.from_codes``); ``scale``,
@@ -365,13 +364,11 @@ class CpuKernels:
         _check("out_slots", out_slots, (torch.int64,), (batch,))
         _check("kv_slots", kv_slots, (torch.int64,), (batch, None))
         _check("kv_lens", kv_lens, (torch.int64,), (batch,))
-        _check_range("out_slots", out_slots, 0, slots)
-        _check_range("kv_lens", kv_lens, 0, kv_slots.shape[1] + 1)
         out = torch.empty(batch, heads * d)
         p = self.pointer
         args = (
-            p(q), p(k), p(v), p(out_slots), p(k_pool), p(v_pool), int(k_pool.dtype == torch.bfloat16), p(kv_slots),
-            kv_slots.shape[1], p(kv_lens), batch, heads, kv_heads, d, d**-0.5, p(out),
+            p(q), p(k), p(v), p(out_slots), p(k_pool), p(v_pool), slots, int(k_pool.dtype == torch.bfloat16),
+            p(kv_slots), kv_slots.shape[1], p(kv_lens), batch, heads, kv_heads, d, d**-0.5, p(out),
         )  # fmt: skip
         if reference:
             self.raise_for("paged_decode_attention_ref", self.lib.paged_decode_attention_ref(*args))
@@ -489,9 +486,6 @@ class FusedDecoder:
         _check("out_slots", out_slots, (torch.int64,), (batch,))
         _check("kv_slots", kv_slots, (torch.int64,), (batch, None))
         _check("kv_lens", kv_lens, (torch.int64,), (batch,))
-        _check_range("out_slots", out_slots, 0, k_pool.shape[1])
-        _check_range("kv_slots", kv_slots, 0, k_pool.shape[1])
-        _check_range("kv_lens", kv_lens, 0, kv_slots.shape[1] + 1)
         kernels, p = self._kernels, self._kernels.pointer
         scratch = int(kernels.lib.decode_layer_scratch(batch, *self._shape))
         if self._scratch.numel() < scratch:
@@ -501,7 +495,8 @@ class FusedDecoder:
         residual, out = torch.empty_like(x), torch.empty_like(x)
         step = kernels.ffi.new("Step *")
         step.batch, step.k_pool, step.v_pool = batch, p(k_pool), p(v_pool)
-        step.kv_bf16, step.pool_layer_stride = int(k_pool.dtype == torch.bfloat16), k_pool[0].numel()
+        step.kv_bf16 = int(k_pool.dtype == torch.bfloat16)
+        step.pool_slots, step.pool_layer_stride = k_pool.shape[1], k_pool[0].numel()
         step.out_slots, step.kv_slots, step.kv_lens = p(out_slots), p(kv_slots), p(kv_lens)
         step.kv_stride = kv_slots.shape[1]
         step.cos, step.sin, step.scratch, step.threads = p(cos), p(sin), p(self._scratch), torch.get_num_threads()

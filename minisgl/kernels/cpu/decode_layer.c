@@ -55,8 +55,9 @@ static int decode_layer(const Layer *l, const Step *s, const float *delta, int f
         memcpy(k + r * kv_width, qk + r * qk_heads * d + q_width, sizeof(float) * (size_t)kv_width);
         memcpy(v + r * kv_width, qkv + r * qkv_width + qk_heads * d, sizeof(float) * (size_t)kv_width);
     }
-    failed = paged_decode_attention(q, k, v, s->out_slots, k_pool, v_pool, s->kv_bf16, s->kv_slots, s->kv_stride,
-                                    s->kv_lens, b, l->heads, l->kv_heads, d, 1.0f / sqrtf((float)d), attn, s->threads);
+    failed = paged_decode_attention(q, k, v, s->out_slots, k_pool, v_pool, s->pool_slots, s->kv_bf16, s->kv_slots,
+                                    s->kv_stride, s->kv_lens, b, l->heads, l->kv_heads, d, 1.0f / sqrtf((float)d),
+                                    attn, s->threads);
     if (failed) return failed;
     failed = int4_matmul(attn, b, q_width, l->o.codes, l->o.scale, l->o.minimum, l->hidden, o, s->threads);
     if (failed) return failed;

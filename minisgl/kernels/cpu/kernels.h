@@ -8,7 +8,14 @@
 #pragma once
 #include <stdint.h>
 
-enum { KERNELS_OK = 0, KERNELS_BAD_SHAPE = 1, KERNELS_NO_MEMORY = 2 };
+enum {
+    KERNELS_OK = 0,
+    KERNELS_BAD_SHAPE = 1,
+    KERNELS_NO_MEMORY = 2,
+    KERNELS_BAD_OUT_SLOT = 3,  // an out_slots entry outside the pool
+    KERNELS_BAD_KV_LEN = 4,    // a kv_lens entry outside [0, kv_slots' row length]
+    KERNELS_BAD_KV_SLOT = 5,   // an attended kv_slots entry outside the pool
+};
 
 // One int4 weight: codes [N, K / 2] in quant_gemm.c's layout, fp16 scale and minimum [N, K / 32].
 typedef struct {
@@ -31,6 +38,7 @@ typedef struct {
     int64_t batch;
     void *k_pool, *v_pool;      // all layers' [layers, slots, kv_heads, head_dim]
     int kv_bf16;                // the pools' dtype: bf16, else fp32
+    int64_t pool_slots;         // slots per layer of the pools
     int64_t pool_layer_stride;  // elements per layer of the pools
     const int64_t *out_slots, *kv_slots, *kv_lens;
     int64_t kv_stride;          // entries per row of kv_slots
@@ -61,14 +69,15 @@ void int8_dequantize_bf16(const int8_t *codes, const float *scale, int64_t K, in
 void int8_dequantize_bf16_ref(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows,
                               uint16_t *out);
 
+// The slots and lengths are checked against `slots` (the pool's) and `stride` before anything is written.
 int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,
-                           void *v_pool, int kv_bf16, const int64_t *kv_slots, int64_t stride, const int64_t *kv_lens,
-                           int64_t batch, int64_t heads, int64_t kv_heads, int64_t d, float scale, float *out,
-                           int threads);
+                           void *v_pool, int64_t slots, int kv_bf16, const int64_t *kv_slots, int64_t stride,
+                           const int64_t *kv_lens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t d,
+                           float scale, float *out, int threads);
 int paged_decode_attention_ref(const float *q, const float *k, const float *v, const int64_t *out_slots,
-                               void *k_pool, void *v_pool, int kv_bf16, const int64_t *kv_slots, int64_t stride,
-                               const int64_t *kv_lens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t d,
-                               float scale, float *out);
+                               void *k_pool, void *v_pool, int64_t slots, int kv_bf16, const int64_t *kv_slots,
+                               int64_t stride, const int64_t *kv_lens, int64_t batch, int64_t heads,
+                               int64_t kv_heads, int64_t d, float scale, float *out);
 
 void rms_norm(const float *x, const float *delta, float *sum_out, const float *weight, int64_t rows, int64_t n,
               float eps, float *out, int threads);

@@ -20,9 +20,19 @@
 
 // q: [batch, heads, d]; k, v: [batch, kv_heads, d], stored at out_slots[b] of k_pool, v_pool:
 // [slots, kv_heads, d] (one layer's, bf16 if kv_bf16 else fp32); kv_slots: [batch, stride] slot of
-// each key, the first kv_lens[b] of each row attended; out: [batch, heads, d].
-static int check_shapes(int64_t heads, int64_t kv_heads, int64_t d) {
-    return d % DIM_STEP || kv_heads < 1 || heads % kv_heads || heads / kv_heads > MAX_GROUP;
+// each key, the first kv_lens[b] of each row attended; out: [batch, heads, d]. The slots and lengths
+// are checked before anything is written (a pass over batch x attended keys: little beside the
+// dot products).
+static int check_arguments(const int64_t *out_slots, int64_t slots, const int64_t *kv_slots, int64_t stride,
+                           const int64_t *kv_lens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t d) {
+    if (d % DIM_STEP || kv_heads < 1 || heads % kv_heads || heads / kv_heads > MAX_GROUP) return KERNELS_BAD_SHAPE;
+    for (int64_t b = 0; b < batch; b++) {
+        if (out_slots[b] < 0 || out_slots[b] >= slots) return KERNELS_BAD_OUT_SLOT;
+        if (kv_lens[b] < 0 || kv_lens[b] > stride) return KERNELS_BAD_KV_LEN;
+        for (int64_t j = 0; j < kv_lens[b]; j++)
+            if (kv_slots[b * stride + j] < 0 || kv_slots[b * stride + j] >= slots) return KERNELS_BAD_KV_SLOT;
+    }
+    return KERNELS_OK;
 }
 
 static float read_kv(const void *pool, int64_t at, int bf16) {
@@ -39,10 +49,11 @@ static void store_kv_plain(void *pool, int64_t at, const float *x, int64_t count
 }
 
 int paged_decode_attention_ref(const float *q, const float *k, const float *v, const int64_t *out_slots,
-                               void *k_pool, void *v_pool, int kv_bf16, const int64_t *kv_slots, int64_t stride,
-                               const int64_t *kv_lens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t d,
-                               float scale, float *out) {
-    if (check_shapes(heads, kv_heads, d)) return KERNELS_BAD_SHAPE;
+                               void *k_pool, void *v_pool, int64_t slots, int kv_bf16, const int64_t *kv_slots,
+                               int64_t stride, const int64_t *kv_lens, int64_t batch, int64_t heads,
+                               int64_t kv_heads, int64_t d, float scale, float *out) {
+    const int invalid = check_arguments(out_slots, slots, kv_slots, stride, kv_lens, batch, heads, kv_heads, d);
+    if (invalid) return invalid;
     const int64_t group = heads / kv_heads, row = kv_heads * d;
     for (int64_t b = 0; b < batch; b++) {
         store_kv_plain(k_pool, out_slots[b] * row, k + b * row, row, kv_bf16);
@@ -133,10 +144,11 @@ static void store_kv(void *pool, int64_t at, const float *x, int64_t count, int 
 }
 
 int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,
-                           void *v_pool, int kv_bf16, const int64_t *kv_slots, int64_t stride, const int64_t *kv_lens,
-                           int64_t batch, int64_t heads, int64_t kv_heads, int64_t d, float scale, float *out,
-                           int threads) {
-    if (check_shapes(heads, kv_heads, d)) return KERNELS_BAD_SHAPE;
+                           void *v_pool, int64_t slots, int kv_bf16, const int64_t *kv_slots, int64_t stride,
+                           const int64_t *kv_lens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t d,
+                           float scale, float *out, int threads) {
+    const int invalid = check_arguments(out_slots, slots, kv_slots, stride, kv_lens, batch, heads, kv_heads, d);
+    if (invalid) return invalid;
     const int64_t group = heads / kv_heads, row = kv_heads * d;
     for (int64_t b = 0; b < batch; b++) {
         store_kv(k_pool, out_slots[b] * row, k + b * row, row, kv_bf16);
@@ -198,12 +210,12 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
 #else  // no SIMD: the reference is the body
 
 int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,
-                           void *v_pool, int kv_bf16, const int64_t *kv_slots, int64_t stride, const int64_t *kv_lens,
-                           int64_t batch, int64_t heads, int64_t kv_heads, int64_t d, float scale, float *out,
-                           int threads) {
+                           void *v_pool, int64_t slots, int kv_bf16, const int64_t *kv_slots, int64_t stride,
+                           const int64_t *kv_lens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t d,
+                           float scale, float *out, int threads) {
     (void)threads;
-    return paged_decode_attention_ref(q, k, v, out_slots, k_pool, v_pool, kv_bf16, kv_slots, stride, kv_lens, batch,
-                                      heads, kv_heads, d, scale, out);
+    return paged_decode_attention_ref(q, k, v, out_slots, k_pool, v_pool, slots, kv_bf16, kv_slots, stride, kv_lens,
+                                      batch, heads, kv_heads, d, scale, out);
 }
 
 #endif
