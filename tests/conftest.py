@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from minisgl import LLM
-from minisgl.kernels.native import CpuKernels, cpu_flags, cpu_paths, host_variants, resolve_kernels
+from minisgl.kernels.native import VARIANTS, CpuKernels, cpu_flags, cpu_paths, host_variants, resolve_kernels
 from minisgl.models.gguf import default_model_path
 
 
@@ -68,8 +69,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     path run where the host can execute it and skip, saying why, where it cannot."""
     for path, code in cpu_paths(resolve_kernels("auto")).items():
         terminalreporter.write_line(f"minisgl quantized products, {path}: {code}")
-    variants = ", ".join(v.name for v in host_variants(cpu_flags())) or "none"
-    terminalreporter.write_line(f"minisgl C kernel variants this CPU runs (each tested where a test asks for it): {variants}")
+    runnable = ", ".join(v.name for v in host_variants(cpu_flags())) or "none"
+    passed = [report.nodeid for report in terminalreporter.stats.get("passed", [])]
+    tested = [v.name for v in VARIANTS if any(re.search(rf"[\[-]{v.name}[\]-]", nodeid) for nodeid in passed)]
+    terminalreporter.write_line(
+        f"minisgl C kernel variants: this CPU runs {runnable}; tests passed on {', '.join(tested) or 'none'}"
+    )
 
 
 def c_kernels_or_skip(choice: str = "c") -> CpuKernels:
