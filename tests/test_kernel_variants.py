@@ -6,11 +6,13 @@ build runs on an AVX-512 machine); the others skip, saying so."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
 
 from minisgl.config import EngineConfig
+from minisgl.kernels import native
 from minisgl.kernels.native import VARIANTS, CpuKernels, LayerWeights, host_variants, resolve_kernels
 from minisgl.layers.quant import Int4Weight, Int8Weight
 from tests.conftest import c_kernels_or_skip
@@ -53,6 +55,14 @@ def test_a_cpu_without_any_variant_runs_torch_and_says_so(caplog: pytest.LogCapt
     with pytest.raises(RuntimeError, match="cannot run the avx512 variant"):
         resolve_kernels("c:avx512", AVX2)
     assert resolve_kernels("torch") is None
+
+
+def test_a_failing_compiler_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # exits 1 for every source
+    with pytest.raises(OSError, match="false failed for avx2"):
+        native._build(VARIANTS[-1])
+    assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-built is left to load
 
 
 def test_an_unknown_kernel_choice_is_rejected() -> None:

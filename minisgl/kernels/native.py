@@ -75,7 +75,7 @@ KERNEL_CHOICES = ("auto", "c", "torch", *(f"c:{v.name}" for v in VARIANTS))
 def cpu_flags() -> frozenset[str]:
     """This CPU's feature flags as Linux reports them (empty elsewhere: no variant is then chosen)."""
     cpuinfo = Path("/proc/cpuinfo")
-    if platform.machine() not in ("x86_64", "AMD64") or not cpuinfo.is_file():
+    if platform.machine() != "x86_64" or not cpuinfo.is_file():
         return frozenset()
     for line in cpuinfo.read_text().splitlines():
         if line.startswith("flags"):
@@ -154,7 +154,8 @@ def _build(variant: Variant) -> Path:
             subprocess.Popen([compiler, *flags, "-c", "-o", str(o), str(s)], stderr=subprocess.PIPE, text=True)
             for s, o in zip(sources, objects)
         ]
-        errors = [p.communicate()[1] for p in compiles if p.wait() != 0]
+        outcomes = [(p.communicate()[1], p.returncode) for p in compiles]  # read stderr: a full pipe would block
+        errors = [stderr for stderr, code in outcomes if code != 0]
         if not errors:
             # -Bsymbolic: calls between the kernels stay inside this library when several variants are loaded.
             link = [compiler, "-shared", "-fopenmp", "-Wl,-Bsymbolic", "-o", f"{tmp}/lib.so", *map(str, objects)]
