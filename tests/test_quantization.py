@@ -202,17 +202,20 @@ def test_fused_decode_step_matches_the_layer_by_layer_one(auto_llm: LLM, monkeyp
 
 
 @pytest.mark.parametrize(
-    "kind, variant",
-    [*(("llama", v.name) for v in VARIANTS), ("qwen2", "avx512"), ("qwen3", "avx512"), ("qwen3", "avx2")],
-)
+    "kind, mode, variant",
+    [
+        *(("llama", "int4", v.name) for v in VARIANTS), ("qwen2", "int4", "avx512"), ("qwen3", "int4", "avx512"),
+        ("qwen3", "int4", "avx2"), ("llama", "int8", "avx512"), ("llama", "int8", "avx2"),
+    ],
+)  # fmt: skip
 def test_fused_decode_of_a_gqa_model_quantized_at_load(
-    kind: str, variant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kind: str, mode: str, variant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With an fp32 pool, whole greedy sequences agree, on every build of the kernels this CPU runs;
-    Qwen2's QKV bias and Qwen3's Q/K head norms run in the same single call."""
+    Qwen2's QKV bias, Qwen3's Q/K head norms and int8 layers run in the same single call."""
     c_kernels_or_skip(f"c:{variant}")
     folder = build_tiny_model(kind, tmp_path / kind)
-    llm = LLM(str(folder), quantization="int4", kv_dtype="float32", num_page_override=512, kernels=f"c:{variant}")
+    llm = LLM(str(folder), quantization=mode, kv_dtype="float32", num_page_override=512, kernels=f"c:{variant}")
     try:
         assert_fused_matches_layers(llm, monkeypatch)
     finally:

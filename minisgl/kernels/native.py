@@ -214,9 +214,28 @@ def _check_int4(name: str, weight: Int4Buffers) -> tuple[int, int]:
     return n, k
 
 
+Int8Buffers = tuple[torch.Tensor, torch.Tensor]  # codes, scale (``int8``'s)
+
+
+def _check_int8(name: str, weight: Int8Buffers, multiple: int = 32) -> tuple[int, int]:
+    """An int8 weight's (N, K): codes [N, K] int8 with K a positive multiple of ``multiple``, scale [N] fp32."""
+    codes, scale = weight
+    _check(f"{name} codes", codes, (torch.int8,), (None, None))
+    n, k = codes.shape
+    if k % multiple or k == 0:
+        raise ValueError(f"{name} codes must have a multiple of {multiple} columns, got {k}")
+    _check(f"{name} scale", scale, (torch.float32,), (n,))
+    return n, k
+
+
+def _check_projection(name: str, weight: Int4Buffers | Int8Buffers) -> tuple[int, int]:
+    """A projection of ``decode_layer.c``, int4 (three buffers) or int8 (two): its (N, K)."""
+    return _check_int4(name, weight) if len(weight) == 3 else _check_int8(name, weight)
+
+
 @dataclass(frozen=True)
 class LayerWeights:
-    """One decoder layer with a dense MLP whose four projections are int4 (``decode_layer.c``):
+    """One decoder layer with a dense MLP whose four projections are int4 or int8 (``decode_layer.c``):
     Llama's, Qwen2's (a QKV bias) or Qwen3's (Q/K head norms)."""
 
     hidden: int
@@ -227,10 +246,10 @@ class LayerWeights:
     eps: float
     input_norm: torch.Tensor  # fp32 [hidden]
     post_norm: torch.Tensor
-    qkv: Int4Buffers  # [(heads + 2 kv_heads) * head_dim, hidden]
-    o: Int4Buffers
-    gate_up: Int4Buffers  # gate rows, then up rows
-    down: Int4Buffers
+    qkv: Int4Buffers | Int8Buffers  # [(heads + 2 kv_heads) * head_dim, hidden]
+    o: Int4Buffers | Int8Buffers
+    gate_up: Int4Buffers | Int8Buffers  # gate rows, then up rows
+    down: Int4Buffers | Int8Buffers
     qkv_bias: torch.Tensor | None = None  # fp32 [(heads + 2 kv_heads) * head_dim] (Qwen2)
     q_norm: torch.Tensor | None = None  # fp32 [head_dim], with k_norm (Qwen3): eps is the layer's
     k_norm: torch.Tensor | None = None
@@ -282,11 +301,7 @@ class CpuKernels:
 
     def int8(self, codes: torch.Tensor, scale: torch.Tensor, reference: bool = False) -> Matmul:
         """``codes``: [N, K] int8 (K a multiple of 32); ``scale``: [N] fp32; w = code * scale row by row."""
-        _check("int8 codes", codes, (torch.int8,), (None, None))
-        n, k = codes.shape
-        if k % 32 or k == 0:
-            raise ValueError(f"int8 codes must have a multiple of 32 columns, got {k}")
-        _check("int8 scale", scale, (torch.float32,), (n,))
+        n, k = _check_int8("int8 weight", (codes, scale))
         weight = (self.pointer(codes), self.pointer(scale))
         name = "int8_matmul_ref" if reference else "int8_matmul"
         return self._bind(name, n, k, weight, (codes, scale), threads=not reference)
@@ -326,11 +341,7 @@ class CpuKernels:
         self, codes: torch.Tensor, scale: torch.Tensor, start: int, out: torch.Tensor, reference: bool = False
     ) -> None:
         """Rows ``start .. start + len(out)`` of an int8 weight into ``out``, [rows, K] bf16 (K a multiple of 16)."""
-        _check("int8 codes", codes, (torch.int8,), (None, None))
-        n, k = codes.shape
-        if k % 16:
-            raise ValueError(f"int8 codes must have a multiple of 16 columns to be expanded, got {k}")
-        _check("int8 scale", scale, (torch.float32,), (n,))
+        n, k = _check_int8("int8 weight", (codes, scale), multiple=16)
         _check_band(n, k, start, out)
         args = (self.pointer(codes), self.pointer(scale), k, start, out.shape[0], self.pointer(out))
         if reference:
@@ -442,8 +453,8 @@ class FusedDecoder:
                 "down": (hidden, intermediate),
             }  # fmt: skip
             for name, want in shapes.items():
-                if _check_int4(f"layer {i} {name}", getattr(w, name)) != want:
-                    raise ValueError(f"layer {i} {name} must be [{want[0]}, {want[1]}] int4")
+                if _check_projection(f"layer {i} {name}", getattr(w, name)) != want:
+                    raise ValueError(f"layer {i} {name} must be [{want[0]}, {want[1]}]")
             c = self._layers[i]
             if w.qkv_bias is not None:
                 c.qkv_bias = p(_check(f"layer {i} qkv_bias", w.qkv_bias, (torch.float32,), (qkv_rows,)))
@@ -455,8 +466,11 @@ class FusedDecoder:
             c.layer, c.hidden, c.heads, c.kv_heads, c.head_dim, c.intermediate = i, *self._shape
             c.eps, c.input_norm, c.post_norm = w.eps, p(w.input_norm), p(w.post_norm)
             for name in shapes:
-                field, (codes, scale, minimum) = getattr(c, name), getattr(w, name)  # field: a view into the struct
-                field.codes, field.scale, field.minimum = p(codes), p(scale), p(minimum)
+                field, buffers = getattr(c, name), getattr(w, name)  # field: a view into the struct
+                if len(buffers) == 3:
+                    field.bits, field.int4.codes, field.int4.scale, field.int4.minimum = 4, *map(p, buffers)
+                else:
+                    field.bits, field.int8.codes, field.int8.scale = 8, *map(p, buffers)
         self._scratch = torch.empty(0)
         self._buffer = torch.empty(0)
 

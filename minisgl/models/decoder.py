@@ -17,13 +17,13 @@ from torch import nn
 
 from minisgl.batch import AttentionContext
 from minisgl.distributed.sharding import HeadShard, even_range, shard_heads
-from minisgl.kernels.native import CpuKernels, FusedDecoder, LayerWeights
+from minisgl.kernels.native import CpuKernels, FusedDecoder, Int4Buffers, Int8Buffers, LayerWeights
 from minisgl.layers.embedding import VocabEmbedding
 from minisgl.layers.linear import Linear, column, row
 from minisgl.layers.mlp import GatedMLP
 from minisgl.layers.moe import SparseMoE
 from minisgl.layers.norm import RMSNorm
-from minisgl.layers.quant import Int4Weight, QuantizedWeight
+from minisgl.layers.quant import Int4Weight, Int8Weight, QuantizedWeight
 from minisgl.layers.rotary import Rope, RotaryEmbedding, apply_rotary
 from minisgl.models.config import ModelConfig
 from minisgl.tuning import FUSED_DECODE_MAX_BATCH
@@ -107,8 +107,8 @@ class DecoderLayer(nn.Module):
 
     def fused_weights(self) -> LayerWeights | None:
         """This layer for ``decode_layer.c``, if it is a kind it runs: a dense MLP, no sharding, every
-        projection int4, fp32 norms of one eps; a bias on the QKV projection only (Qwen2), Q/K head
-        norms or none (Qwen3)."""
+        projection int4 or int8 (a multiple of 32 input columns), fp32 norms of one eps; a bias on the
+        QKV projection only (Qwen2), Q/K head norms or none (Qwen3)."""
         attn, mlp = self.self_attn, self.mlp
         if not isinstance(mlp, GatedMLP):
             return None
@@ -124,17 +124,26 @@ class DecoderLayer(nn.Module):
         bias = attn.qkv_proj.bias
         if bias is not None and (bias.dtype != torch.float32 or not bias.is_cpu):
             return None
-        int4 = [(w.codes, w.scale, w.minimum) for w in weights if isinstance(w, Int4Weight)]
-        if len(int4) != len(linears):
+        buffers = [b for w in weights if (b := _kernel_buffers(w)) is not None]
+        if len(buffers) != len(linears):
             return None
         down = weights[3]
         assert down is not None
         q_norm, k_norm = (n.weight.detach() for n in head_norms) if head_norms else (None, None)
         return LayerWeights(
             down.out_features, attn.num_heads, attn.num_kv_heads, attn.head_dim, down.in_features, norms[0].eps,
-            norms[0].weight.detach(), norms[1].weight.detach(), *int4,
+            norms[0].weight.detach(), norms[1].weight.detach(), *buffers,
             qkv_bias=None if bias is None else bias.detach(), q_norm=q_norm, k_norm=k_norm,
         )  # fmt: skip
+
+
+def _kernel_buffers(w: QuantizedWeight | None) -> Int4Buffers | Int8Buffers | None:
+    """A quantized weight's buffers as ``decode_layer.c`` takes them, if it takes this one."""
+    if isinstance(w, Int4Weight):
+        return w.codes, w.scale, w.minimum
+    if isinstance(w, Int8Weight) and w.in_features % 32 == 0:
+        return w.codes, w.scale
+    return None
 
 
 def vocab_range(cfg: ModelConfig, tp: TPGroup) -> tuple[int, int]:

@@ -2,16 +2,23 @@
 // them. Through Python the same chain is ~15 calls and ~25 small torch ops a layer, about a third
 // of a step at one request on 2 cores.
 //
-// The layer is minisgl/models/decoder.py's with a dense MLP: RMSNorm, fused QKV (int4, plus its bias
-// for Qwen2), Q/K head norms (Qwen3), RoPE, paged attention (which stores the new K/V), output
-// projection (int4), residual add and RMSNorm, fused gate/up (int4), SiLU(gate) * up, down projection
-// (int4). Each row is one request's new token. The structs (Layer, Step) are declared in kernels.h, the boundary.
+// The layer is minisgl/models/decoder.py's with a dense MLP: RMSNorm, fused QKV (plus its bias for
+// Qwen2), Q/K head norms (Qwen3), RoPE, paged attention (which stores the new K/V), output projection,
+// residual add and RMSNorm, fused gate/up, SiLU(gate) * up, down projection; each projection int4 or
+// int8. Each row is one request's new token. The structs (Layer, Step) are declared in kernels.h, the boundary.
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "kernels.h"
+
+// y [rows, N] = x [rows, K] W^T through the weight's own kernel.
+static int project(const Projection *w, const float *x, int64_t rows, int64_t K, int64_t N, float *y, int threads) {
+    if (w->bits == 4) return int4_matmul(x, rows, K, w->int4.codes, w->int4.scale, w->int4.minimum, N, y, threads);
+    if (w->bits == 8) return int8_matmul(x, rows, K, w->int8.codes, w->int8.scale, N, y, threads);
+    return KERNELS_BAD_SHAPE;
+}
 
 int64_t decode_layer_scratch(int64_t batch, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
                              int64_t intermediate) {
@@ -38,7 +45,7 @@ static int decode_layer(const Layer *l, const Step *s, const float *delta, int f
     } else {
         rms_norm(residual, delta, residual, l->input_norm, b, l->hidden, l->eps, h, s->threads);
     }
-    int failed = int4_matmul(h, b, l->hidden, l->qkv.codes, l->qkv.scale, l->qkv.minimum, qkv_width, qkv, s->threads);
+    int failed = project(&l->qkv, h, b, l->hidden, qkv_width, qkv, s->threads);
     if (failed) return failed;
     if (l->qkv_bias != NULL)
         for (int64_t r = 0; r < b; r++)
@@ -59,11 +66,10 @@ static int decode_layer(const Layer *l, const Step *s, const float *delta, int f
                                     s->kv_stride, s->kv_lens, b, l->heads, l->kv_heads, d, 1.0f / sqrtf((float)d),
                                     attn, s->threads);
     if (failed) return failed;
-    failed = int4_matmul(attn, b, q_width, l->o.codes, l->o.scale, l->o.minimum, l->hidden, o, s->threads);
+    failed = project(&l->o, attn, b, q_width, l->hidden, o, s->threads);
     if (failed) return failed;
     rms_norm(residual, o, residual, l->post_norm, b, l->hidden, l->eps, h, s->threads);
-    failed = int4_matmul(h, b, l->hidden, l->gate_up.codes, l->gate_up.scale, l->gate_up.minimum, 2 * l->intermediate,
-                         gate_up, s->threads);
+    failed = project(&l->gate_up, h, b, l->hidden, 2 * l->intermediate, gate_up, s->threads);
     if (failed) return failed;
     const int64_t n = l->intermediate;
     for (int64_t r = 0; r < b; r++)
@@ -71,7 +77,7 @@ static int decode_layer(const Layer *l, const Step *s, const float *delta, int f
             const float g = gate_up[r * 2 * n + i];
             act[r * n + i] = g / (1.0f + expf(-g)) * gate_up[r * 2 * n + n + i];
         }
-    return int4_matmul(act, b, n, l->down.codes, l->down.scale, l->down.minimum, l->hidden, out, s->threads);
+    return project(&l->down, act, b, n, l->hidden, out, s->threads);
 }
 
 // All `count` layers in turn: x [batch, hidden] is the embedded input; out receives the last

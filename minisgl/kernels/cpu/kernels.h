@@ -23,12 +23,25 @@ typedef struct {
     const uint16_t *scale, *minimum;
 } Int4;
 
+// One int8 weight: codes [N, K] int8, fp32 scale [N] (one per output row).
+typedef struct {
+    const int8_t *codes;
+    const float *scale;
+} Int8;
+
+// A projection of decode_layer.c: the weight that `bits` (4 or 8) names is set.
+typedef struct {
+    int bits;
+    Int4 int4;
+    Int8 int8;
+} Projection;
+
 // What one layer is for decode_layer.c: its shapes and weights (built once).
 typedef struct {
     int64_t layer, hidden, heads, kv_heads, head_dim, intermediate;
     float eps;
     const float *input_norm, *post_norm;  // [hidden]
-    Int4 qkv, o, gate_up, down;
+    Projection qkv, o, gate_up, down;
     const float *qkv_bias;         // [(heads + 2 kv_heads) * head_dim] added to the QKV product (Qwen2), or NULL
     const float *q_norm, *k_norm;  // [head_dim]: each head of Q and K RMS-normalised before RoPE (Qwen3), or NULL
 } Layer;
