@@ -4,7 +4,7 @@
 // quantized weight once and apply it to all rows. The products are integer dot products, as in
 // llama.cpp, with x written as two int8 digits per group of 32 (int4 weights) or rounded to int16
 // per row (int8 weights): vpdpbusd / vpdpwssd with AVX-512 VNNI (512-bit) or AVX-VNNI (256-bit), and
-// with AVX2 alone the same sums through vpmaddubsw + vpmaddwd (simd.h's dot_u8s8, dot_s16). The
+// with AVX2 alone the same sums through vpmaddubsw + vpmaddwd (simd.h's dot2_u8s8, dot_s16). The
 // plain C references (`*_ref`) compute the same integers, summed in another order.
 //
 // int4 (`int4_matmul`): one fp16 scale and minimum per group of 32 input columns, w = q * scale + min.
@@ -255,11 +255,9 @@ static inline __attribute__((always_inline)) void int4_tile(
             const __m256 s = _mm256_cvtph_ps(_mm_set1_epi32((int)pair_scales));
             for (int64_t r = 0; r < R; r++) {
                 const int8_t *xq = xcodes + (r * pairs + p) * PAIR_CODES;
-                const __m256i zero = _mm256_setzero_si256();
-                const __m256i high = dot_u8s8(dot_u8s8(zero, lo, _mm256_loadu_si256((const __m256i *)xq)), hi,
-                                              _mm256_loadu_si256((const __m256i *)(xq + 32)));
-                const __m256i low = dot_u8s8(dot_u8s8(zero, lo, _mm256_loadu_si256((const __m256i *)(xq + PAIR))), hi,
-                                             _mm256_loadu_si256((const __m256i *)(xq + PAIR + 32)));
+                const __m256i *digits_of = (const __m256i *)xq;  // high digits (lo, hi halves), then low ones
+                const __m256i high = dot2_u8s8(lo, _mm256_loadu_si256(digits_of), hi, _mm256_loadu_si256(digits_of + 1));
+                const __m256i low = dot2_u8s8(lo, _mm256_loadu_si256(digits_of + 2), hi, _mm256_loadu_si256(digits_of + 3));
                 const __m256i digits = _mm256_add_epi32(_mm256_slli_epi32(high, 8), low);
                 const __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(digits), _mm256_loadu_ps(xsteps + (r * pairs + p) * LANES));
                 acc[t][r] = _mm256_fmadd_ps(dot, s, acc[t][r]);

@@ -112,13 +112,15 @@ static inline float sum256(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-// acc + per 32-bit lane the sum of four u8 x s8 products: vpdpbusd with AVX-VNNI; without it the
-// same sum in two steps (pairs to int16, exact here: |u| <= 15 in every caller, so 2 x 15 x 128 fits).
-static inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
+// Per 32-bit lane the sum of eight u8 x s8 products, four of (u0, s0) and four of (u1, s1): vpdpbusd
+// twice with AVX-VNNI; without it pairs summed to int16 (vpmaddubsw), the two added, then widened
+// (vpmaddwd). Exact where |u| <= 15, as in every caller: 4 x 15 x 128 fits int16.
+static inline __m256i dot2_u8s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
 #if defined(KERNELS_AVXVNNI)
-    return _mm256_dpbusd_avx_epi32(acc, u, s);
+    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u0, s0), u1, s1);
 #else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 #endif
 }
 
