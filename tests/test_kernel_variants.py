@@ -6,6 +6,8 @@ build runs on an AVX-512 machine); the others skip, saying so."""
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,15 @@ def test_a_failing_compiler_is_reported(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(OSError, match="false failed for avx2"):
         native._build(VARIANTS[-1])
     assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-built is left to load
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_a_library_without_every_declared_kernel_is_refused(tmp_path: Path) -> None:
+    source = tmp_path / "partial.c"
+    source.write_text('const char *kernels_variant(void) { return "avx2"; }\n')
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "partial.so"), str(source)], check=True)
+    with pytest.raises(OSError, match="partial.so lacks decode_layer_scratch, which kernels.h declares"):
+        CpuKernels(tmp_path / "partial.so", VARIANTS[-1])
 
 
 def test_an_unknown_kernel_choice_is_rejected() -> None:

@@ -264,6 +264,11 @@ class CpuKernels:
     def __init__(self, path: Path, variant: Variant) -> None:
         self.variant, self.ffi = variant, _ffi()
         self.lib: Any = self.ffi.dlopen(str(path))
+        for name in dir(self.lib):  # every declaration of the header resolves in the library: now, not at first use
+            try:
+                getattr(self.lib, name)
+            except AttributeError as e:
+                raise OSError(f"{path.name} lacks {name}, which kernels.h declares") from e
         built = self.ffi.string(self.lib.kernels_variant()).decode()
         if built != variant.name:
             raise OSError(f"the {variant.name} build compiled the {built} bodies: the compiler lacks its flags")
