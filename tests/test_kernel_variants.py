@@ -17,6 +17,7 @@ from minisgl.config import EngineConfig
 from minisgl.kernels import native
 from minisgl.kernels.native import VARIANTS, CpuKernels, LayerWeights, host_variants, resolve_kernels
 from minisgl.layers.quant import Int4Weight, Int8Weight
+from minisgl.tuning import INT4_MAX_KERNEL_ROWS, INT8_MAX_KERNEL_ROWS
 from tests.conftest import c_kernels_or_skip
 
 AVX2 = frozenset({"avx2", "fma", "f16c"})
@@ -96,7 +97,7 @@ def test_int4_product_against_the_reference_and_torch(kernels: CpuKernels, n: in
     weight = Int4Weight.quantize(torch.randn(n, k, generator=g))
     buffers = (weight.codes, weight.scale, weight.minimum)
     simd, reference = kernels.int4(*buffers), kernels.int4(*buffers, reference=True)
-    for rows in (1, 2, 3, 4, 5, 7, 9):  # one to several passes of four rows, and odd remainders
+    for rows in (*range(1, 10), INT4_MAX_KERNEL_ROWS):  # one to several passes of four rows, odd remainders, the most
         x = torch.randn(rows, k, generator=g) * 3
         y = simd(x)
         assert y.shape == (rows, n)
@@ -109,7 +110,7 @@ def test_int8_product_against_the_reference_and_torch(kernels: CpuKernels, n: in
     g = torch.Generator().manual_seed(n + k)
     weight = Int8Weight.quantize(torch.randn(n, k, generator=g))
     simd, reference = kernels.int8(weight.codes, weight.scale), kernels.int8(weight.codes, weight.scale, reference=True)
-    for rows in (1, 3, 4, 6):
+    for rows in (1, 2, 3, 4, 5, 6, INT8_MAX_KERNEL_ROWS):
         x = torch.randn(rows, k, generator=g)
         y = simd(x)
         assert relative_error(y, reference(x)) < REFERENCE_TOLERANCE, rows
