@@ -27,7 +27,6 @@ from minisgl.kvcache.pool import KVPool
 from minisgl.tuning import MIN_SHARED_PREFIX
 
 
-
 class DecodeAttention:
     """Stores the new tokens' K/V, gathers each request's KV (``kv_slots``, padding masked by
     ``bias``), then ``compute``s one query per request over it."""

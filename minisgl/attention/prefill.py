@@ -17,7 +17,6 @@ from minisgl.kvcache.pool import KVPool
 from minisgl.tuning import MAX_PADDING_COST
 
 
-
 class PrefillPart(Protocol):
     """Attends some of the pass's tokens and writes their rows of the output."""
 

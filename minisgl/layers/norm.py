@@ -14,7 +14,7 @@ class RMSNorm(nn.Module):
     ``add_forward`` also adds the residual first: the decoder's x + sublayer(x) followed by the
     next norm, in one call."""
 
-    kernels: CpuKernels | None = None  # the engine's C kernels (``DecoderForCausalLM.use_kernels``); None: torch's ops
+    kernels: CpuKernels | None = None  # the engine's (``DecoderForCausalLM.use_kernels``); None: torch's ops
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()

@@ -18,7 +18,6 @@ from minisgl.scheduler.cache_manager import CacheManager
 from minisgl.tuning import LPM_MAX_QUEUE, SHARED_PREFIX_MIN, SHORT_LANE_DIVISOR, SHORT_PROMPT_DIVISOR
 
 
-
 @dataclass
 class PrefillPlan:
     reqs: list[Req] = field(default_factory=list)  # short-lane admissions, continuing chunks, other admissions
