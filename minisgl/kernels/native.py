@@ -434,8 +434,8 @@ def _check_band(n: int, k: int, start: int, out: torch.Tensor) -> None:
 
 
 class FusedDecoder:
-    """Decode steps through a stack of ``LayerWeights``, one C call a step. Its scratch buffers are
-    kept between steps (grown for a larger batch)."""
+    """Decode steps through a stack of ``LayerWeights``, one C call a step. Its scratch buffers and
+    step struct are kept between steps (the buffers grown for a larger batch)."""
 
     def __init__(self, kernels: CpuKernels, layers: list[LayerWeights]) -> None:
         if not layers:
@@ -478,6 +478,7 @@ class FusedDecoder:
                     field.bits, field.int8.codes, field.int8.scale = 8, *map(p, buffers)
         self._scratch = torch.empty(0)
         self._buffer = torch.empty(0)
+        self._step = kernels.ffi.new("Step *")  # refilled every step
 
     def run(
         self,
@@ -513,7 +514,7 @@ class FusedDecoder:
         if self._buffer.numel() < batch * hidden:
             self._buffer = torch.empty(batch * hidden)
         residual, out = torch.empty_like(x), torch.empty_like(x)
-        step = kernels.ffi.new("Step *")
+        step = self._step
         step.batch, step.k_pool, step.v_pool = batch, p(k_pool), p(v_pool)
         step.kv_bf16 = int(k_pool.dtype == torch.bfloat16)
         step.pool_slots, step.pool_layer_stride = k_pool.shape[1], k_pool[0].numel()
