@@ -24,7 +24,7 @@ from minisgl.models.gguf import default_model_path
 from minisgl.models.gguf_tensors import INT4_EXACT, GGUFTensors, int4_from_blocks
 from minisgl.models.perplexity import perplexity, sequence_logits
 from tests.conftest import c_kernels_or_skip
-from tests.tiny_models import build_tiny_model
+from tests.tiny_models import WINDOW, build_tiny_model
 
 OUT, IN = 96, 256  # one Q4_K / Q6_K super-block of 256 weights per row
 # The C kernels (15-bit activations: ~1e-4 here) and torch's fallback kernels (bf16 activations:
@@ -222,16 +222,21 @@ def test_fused_decode_of_a_gqa_model_quantized_at_load(
         llm.shutdown()
 
 
-def assert_fused_matches_layers(llm: LLM, monkeypatch: pytest.MonkeyPatch, steps: int | None = None) -> None:
+def assert_fused_matches_layers(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch, steps: int | None = None, max_tokens: int = 16
+) -> None:
     """The fused and the layer-by-layer decode agree on greedy tokens and logits over ``steps``
-    decode steps (None: all of them)."""
+    decode steps (None: all of the ``max_tokens``)."""
     model = llm.scheduler.engine.model
     if model.kernels is None:
         assert model._fused_decoder is None
         pytest.skip("no C kernels here")
-    assert model._fused_decoder is not None
+    fused_decoder = model._fused_decoder
+    assert fused_decoder is not None
+    fused_steps: list[int] = []
+    monkeypatch.setattr(fused_decoder, "run", lambda *args, run=fused_decoder.run: fused_steps.append(1) or run(*args))
     prompts = [[5, 9, 200, 17, 33], [7, 7, 81, 4], [100, 3]]
-    params = SamplingParams(max_tokens=16 if steps is None else steps + 1, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens if steps is None else steps + 1, ignore_eos=True)
     engine = llm.scheduler.engine
     run_model = engine.run_model
     captured: dict[str, list[torch.Tensor]] = {"fused": [], "layers": []}
@@ -250,7 +255,7 @@ def assert_fused_matches_layers(llm: LLM, monkeypatch: pytest.MonkeyPatch, steps
         llm.flush_cache()
         outputs[key] = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
     assert outputs["fused"] == outputs["layers"]
-    assert len(captured["fused"]) == len(captured["layers"]) > 0
+    assert len(captured["fused"]) == len(captured["layers"]) == len(fused_steps) > 0  # every decode step fused
     for fused, layers in zip(captured["fused"], captured["layers"]):
         assert torch.equal(fused.argmax(-1), layers.argmax(-1))
         assert (fused - layers).abs().max() <= 2e-3 * layers.abs().max()
@@ -274,6 +279,18 @@ def test_c_and_torch_kernels_give_the_same_greedy_tokens(smollm: LLM) -> None:
         assert tokens["c"] == tokens["torch"]
     finally:
         torch_llm.shutdown()
+
+
+def test_fused_decode_of_a_model_with_one_sliding_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mistral with a window on every layer: the single call reads each request's last ``WINDOW``
+    keys, as the layers do; the sequences run past the window."""
+    c_kernels_or_skip()
+    folder = build_tiny_model("mistral_window", tmp_path / "mistral")
+    llm = LLM(str(folder), quantization="int4", kv_dtype="float32", num_page_override=512)
+    try:
+        assert_fused_matches_layers(llm, monkeypatch, max_tokens=2 * WINDOW)
+    finally:
+        llm.shutdown()
 
 
 # -- bad input -----------------------------------------------------------------------------------
