@@ -225,7 +225,57 @@ static inline __attribute__((always_inline)) void int4_tile(
     }
 }
 #else
-#define prepare_int4_row prepare_int4_row_plain
+// 32 int32 (four registers, in order) to int8 with signed saturation, in order.
+static inline __m256i saturate_to_int8(const __m256i q[4]) {
+    // The packs work within 128-bit halves: each half ends up holding four values of each register.
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static inline float max256(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+// prepare_int4_row_plain in 256-bit registers (the same codes; the sums added in another order).
+static void prepare_int4_row(const float *x, int64_t K, int8_t *codes, float *steps, float *sums) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), scale_low = _mm256_set1_ps(256.0f);
+    for (int64_t p = 0; p < K / PAIR; p++) {
+        __m256i high[2], low[2];
+        for (int64_t g = 0; g < 2; g++) {
+            const float *xg = x + p * PAIR + g * GROUP;
+            __m256 v[4], amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(xg + 8 * i);
+                amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+                sum = _mm256_add_ps(sum, v[i]);
+            }
+            const float top = max256(amax), step = top / 127.0f;
+            sums[2 * p + g] = sum256(sum);
+            const __m256 inverse = _mm256_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
+            __m256i h[4], l[4];
+            for (int i = 0; i < 4; i++) {
+                const __m256 scaled = _mm256_mul_ps(v[i], inverse);
+                const __m256 rounded = _mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                h[i] = _mm256_cvtps_epi32(rounded);
+                l[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(scaled, rounded), scale_low));
+            }
+            high[g] = saturate_to_int8(h);
+            low[g] = saturate_to_int8(l);
+            for (int64_t lane = g; lane < LANES; lane += 2) steps[p * LANES + lane] = step / 256.0f;
+        }
+        // Group 0's and group 1's 4-byte chunks alternate in the weights' order (e(j) above).
+        int8_t *out = codes + p * PAIR_CODES;
+        const __m256i *digits[2] = {high, low};
+        for (int d = 0; d < 2; d++) {
+            const __m256i first = _mm256_unpacklo_epi32(digits[d][0], digits[d][1]);
+            const __m256i second = _mm256_unpackhi_epi32(digits[d][0], digits[d][1]);
+            _mm256_storeu_si256((__m256i *)(out + d * PAIR), _mm256_permute2x128_si256(first, second, 0x20));
+            _mm256_storeu_si256((__m256i *)(out + d * PAIR + 32), _mm256_permute2x128_si256(first, second, 0x31));
+        }
+    }
+}
 
 // The 256-bit body: the low nibbles' and the high nibbles' registers have the same lanes' groups and
 // x's steps, so their integer sums are added before the one conversion.
