@@ -2,9 +2,9 @@
 rows, the weight streamed once per 4 rows) against the weight expanded to bf16 and torch's bf16 GEMM
 (``QuantizedWeight.many_rows``), at several row counts, on the projections of the default model and of
 a 1.7B one (SmolLM2-1.7B's shapes). Dense packed bf16 and fp32 products are printed beside them.
-``Int4Weight.max_kernel_rows`` / ``Int8Weight.max_kernel_rows`` are set from this.
+``INT4_MAX_KERNEL_ROWS`` / ``INT8_MAX_KERNEL_ROWS`` (``minisgl/tuning.py``) are set from this.
 
-Run: python -m benchmarks.many_rows [--rows 1 8 16 32 64 512] [--threads N]
+Run: python -m benchmarks.many_rows [--rows 1 8 16 32 64 512] [--threads N] [--kernels auto|torch|c:avx2 ...]
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.machine import cpu_flags, load_average, machine_info
-from minisgl.kernels.native import cpu_kernels
+from minisgl.kernels.native import KERNEL_CHOICES, resolve_kernels
 from minisgl.layers.linear import Linear, pack_weights
 from minisgl.layers.quant import DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
+from minisgl.tuning import DEQUANT_BUFFER_ELEMENTS
 
 # (name, out, in): the fused projections of a layer, and the LM head.
 SHAPES = {
@@ -49,13 +50,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 24, 32, 64, 128, 512])
     parser.add_argument("--sizes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--kernels", default="auto", choices=KERNEL_CHOICES, help="EngineConfig.kernels: c:avx2 forces that build")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    kernels = cpu_kernels()
+    kernels = resolve_kernels(args.kernels)
     flags = cpu_flags()
     print(f"# machine: {machine_info(torch.get_num_threads())['cpu']}, {torch.get_num_threads()} threads")
-    print(f"# code path: C kernels {'yes' if kernels else 'no (torch fallback)'}; AMX "
+    print(f"# code path: C kernels {kernels.variant.description if kernels else 'no (torch fallback)'}; AMX "
           f"{'yes' if 'amx_bf16' in flags else 'no'}; AVX-512 BF16 {'yes' if 'avx512_bf16' in flags else 'no'}")
     print(f"# load average at start: {load_average()}")
     print("| size | weight | format | rows | kernel ms | many-row ms | dense bf16 ms | dense fp32 ms | faster |")
@@ -70,7 +72,7 @@ def main() -> None:
                     quantized.append(("int8", Int8Weight.quantize(w)))
                 bf16, fp32 = dense_linear(w.bfloat16()), dense_linear(w.clone())
                 for fmt, q in quantized:
-                    q.buffer = DequantBuffer(min(n * k, 1 << 25))
+                    q.buffer, q.kernels = DequantBuffer(min(n * k, DEQUANT_BUFFER_ELEMENTS)), kernels
                     for rows in args.rows:
                         x = torch.randn(rows, k)
                         xb = x.bfloat16()

@@ -9,7 +9,8 @@
 3. Profiles both workloads (torch.profiler) and prints the top operators.
 4. Greedy agreement of each mode with the first (fp32 without quantization: token-exact with transformers).
 
-Run: python -m benchmarks.roofline [--modes float32/none float32/auto bfloat16/none] [--out docs/benchmarks/roofline.md]
+Run: python -m benchmarks.roofline [--modes float32/none float32/auto bfloat16/none] [--kernels auto|torch|c:avx2 ...]
+     [--out docs/benchmarks/roofline.md]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.hardware_peak import measure
 from benchmarks.machine import load_average, machine_info
 from minisgl import LLM, SamplingParams
+from minisgl.kernels.native import KERNEL_CHOICES
 from minisgl.layers.linear import Linear
 
 AGREEMENT_PROMPTS = [
@@ -78,10 +80,14 @@ def profile_table(llm: LLM, prompts: list[list[int]], params: SamplingParams, ro
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", nargs="+", default=["float32/none", "float32/auto", "bfloat16/none"], help="dtype/quantization")
+    parser.add_argument("--kernels", default="auto", choices=KERNEL_CHOICES, help="EngineConfig.kernels: c:avx2 forces that build")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/roofline.md"))
     args = parser.parse_args()
 
-    lines = [f"# Roofline\n\nMachine: `{machine_info(torch.get_num_threads())}`\n", f"Load average at start: {load_average()}\n"]
+    lines = [
+        f"# Roofline\n\nMachine: `{machine_info(torch.get_num_threads())}`\n", f"Kernels: {args.kernels}\n",
+        f"Load average at start: {load_average()}\n",
+    ]
     peak = measure()
     lines.append(
         f"Ceilings: fp32 matmul {peak['fp32_gflops']:.0f} GFLOP/s, bf16 matmul {peak['bf16_gflops']:.0f} GFLOP/s, "
@@ -94,7 +100,10 @@ def main() -> None:
     profiles: list[str] = []
     for mode in args.modes:
         dtype, quantization = mode.split("/")
-        llm = LLM(dtype=dtype, quantization=quantization, num_page_override=32768, cache_type="naive", max_running_req=32)
+        llm = LLM(
+            dtype=dtype, quantization=quantization, num_page_override=32768, cache_type="naive", max_running_req=32,
+            kernels=args.kernels,
+        )  # fmt: skip
         vocab, cfg = llm.scheduler.vocab_size, llm.scheduler.engine.model_config
         prefill_prompts = [torch.randint(100, vocab, (512,), generator=g).tolist() for _ in range(8)]
         decode_prompts = [torch.randint(100, vocab, (32,), generator=g).tolist() for _ in range(32)]

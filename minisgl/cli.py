@@ -8,6 +8,7 @@ import sys
 from dataclasses import asdict
 
 from minisgl.config import EngineConfig
+from minisgl.kernels.native import KERNEL_CHOICES
 from minisgl.server.args import add_server_args
 
 
@@ -24,6 +25,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--quantization", default=d.quantization, choices=["auto", "none", "int4", "int8"],
         help="weights: auto = a quantized GGUF in its own precision (int4/int8 CPU kernels), dense otherwise; "
         "none = dequantized (fp32 is token-exact with transformers); int4/int8 = round-to-nearest at load",
+    )  # fmt: skip
+    g.add_argument(
+        "--kernels", default=d.kernels, choices=list(KERNEL_CHOICES),
+        help="CPU kernels: auto = minisgl's C kernels where they build for this CPU, else torch's; c = the C kernels "
+        "or an error; torch; c:<variant> = that build (avx512, avxvnni, avx2)",
     )  # fmt: skip
     g.add_argument("--device", default=d.device, choices=["cpu", "cuda", "auto"], help="where the model runs (auto: cuda if available)")
     g.add_argument("--max-running-req", type=int, default=d.max_running_req, help="most requests decoded together")

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.attention.registry import ATTENTION_BACKENDS
+from minisgl.kernels.native import check_kernel_choice
 from minisgl.kvcache.registry import PREFIX_CACHES
 from minisgl.models.quantize import check_mode
+from minisgl.tuning import MAX_PREFILL_TOKENS
 
 
 @dataclass
@@ -21,6 +23,9 @@ class EngineConfig:
     # auto | none | int4 | int8: auto runs a quantized GGUF in its own precision (models/quantize.py)
     quantization: str = "auto"
     device: str = "auto"  # cpu | cuda | auto
+    # CPU kernels: auto = minisgl's C kernels where they build for this CPU, else torch's; c = the C
+    # kernels or an error; torch; c:avx512 | c:avxvnni | c:avx2 = that build (kernels/native.py)
+    kernels: str = "auto"
     max_running_req: int = 64
     num_page_override: int | None = None  # KV pool size in pages; else from the memory budget
     kv_memory_gb: float = 1.0  # memory budget for the KV pool when num_page_override is unset
@@ -28,7 +33,7 @@ class EngineConfig:
     page_size: int = 1
     cache_type: str = "radix"  # naive | radix
     schedule_policy: str = "lpm"  # lpm | fcfs
-    max_prefill_tokens: int = 2048  # token budget of one prefill batch (longer prompts are chunked)
+    max_prefill_tokens: int = MAX_PREFILL_TOKENS  # token budget of one prefill batch (longer prompts are chunked)
     attention_backend: str = "torch"
     num_threads: int | None = None  # torch intra-op threads on CPU (per rank); None = all cores / ranks per node
     seed: int = 0
@@ -44,6 +49,7 @@ class EngineConfig:
         if self.kv_dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"kv_dtype must be auto, float32, bfloat16 or float16, got {self.kv_dtype!r}")
         check_mode(self.quantization)
+        check_kernel_choice(self.kernels)
         if self.device not in ("cpu", "cuda", "auto"):
             raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
         if self.device == "cuda" and not torch.cuda.is_available():

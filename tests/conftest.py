@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from minisgl import LLM
-from minisgl.kernels.native import cpu_paths
+from minisgl.kernels.native import VARIANTS, CpuKernels, cpu_flags, cpu_paths, host_variants, resolve_kernels
 from minisgl.models.gguf import default_model_path
 
 
@@ -66,8 +67,25 @@ def hf_greedy(model: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Which CPU paths this host ran (the C kernels, oneDNN's bf16 instructions): the tests of each
     path run where the host can execute it and skip, saying why, where it cannot."""
-    for path, code in cpu_paths().items():
+    for path, code in cpu_paths(resolve_kernels("auto")).items():
         terminalreporter.write_line(f"minisgl quantized products, {path}: {code}")
+    runnable = ", ".join(v.name for v in host_variants(cpu_flags())) or "none"
+    passed = [report.nodeid for report in terminalreporter.stats.get("passed", [])]
+    tested = [v.name for v in VARIANTS if any(re.search(rf"[\[-]{v.name}[\]-]", nodeid) for nodeid in passed)]
+    terminalreporter.write_line(
+        f"minisgl C kernel variants: this CPU runs {runnable}; tests passed on {', '.join(tested) or 'none'}"
+    )
+
+
+def c_kernels_or_skip(choice: str = "c") -> CpuKernels:
+    """The C kernels ``choice`` names (``c``: the best this CPU runs; ``c:<variant>``), or a skip
+    saying why they cannot run here."""
+    try:
+        kernels = resolve_kernels(choice)
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    assert kernels is not None
+    return kernels
 
 
 def llama_cpp_and_default_gguf() -> Path:

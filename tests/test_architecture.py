@@ -11,7 +11,7 @@ import minisgl
 
 # Bottom to top, as in docs/architecture.md. A unit is a subpackage or a top-level module.
 LAYERS: list[set[str]] = [
-    {"constrained", "kernels"},
+    {"constrained", "kernels", "tuning"},
     {"registry", "sampling", "layers", "distributed", "text"},
     {"batch", "kvcache"},
     {"attention", "models", "request"},

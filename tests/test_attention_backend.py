@@ -6,9 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minisgl.attention import torch_backend
 from minisgl.attention.decode import (
-    MIN_SHARED_PREFIX,
     CascadeDecode,
     MatmulDecode,
     PagedDecode,
@@ -19,8 +17,10 @@ from minisgl.attention.prefill import CachedPrefill, FreshPrefill, PrefillAttent
 from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.attention.torch_backend import PerLayerWindow
 from minisgl.batch import AttentionKind, Batch
-from minisgl.kernels.native import cpu_kernels
+from minisgl.kernels.native import CpuKernels
 from minisgl.kvcache.pool import KVPool
+from minisgl.tuning import MIN_SHARED_PREFIX
+from tests.conftest import c_kernels_or_skip
 
 HEADS, KV_HEADS, DIM, SLOTS = 6, 2, 16, 4096
 
@@ -58,12 +58,9 @@ def hand_built_batch(
     )
 
 
-def choose_kernels(c_kernels: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Decode with the C kernels (skipped where they do not build), or with torch's strategies."""
-    if not c_kernels:
-        monkeypatch.setattr(torch_backend, "cpu_kernels", lambda: None)
-    elif cpu_kernels() is None:
-        pytest.skip("the C kernels do not build here")
+def choose_kernels(c_kernels: bool) -> CpuKernels | None:
+    """The C kernels (skipped where they do not build), or None: torch's strategies."""
+    return c_kernels_or_skip() if c_kernels else None
 
 
 # (layout of shared KV runs, dtype, C kernels built) → the decode strategy the backend must choose.
@@ -82,9 +79,9 @@ def choose_kernels(c_kernels: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_decode_strategies_match_reference(
-    layout: str, dtype: torch.dtype, c_kernels: bool, strategy: type, monkeypatch: pytest.MonkeyPatch
+    layout: str, dtype: torch.dtype, c_kernels: bool, strategy: type
 ) -> None:
-    choose_kernels(c_kernels, monkeypatch)
+    kernels = choose_kernels(c_kernels)
     g = torch.Generator().manual_seed(0)
     pool = random_pool(dtype, g)
     table = torch.zeros(8, 512, dtype=torch.int64)
@@ -98,7 +95,7 @@ def test_decode_strategies_match_reference(
         own = free[used : used + n - len(shared)]
         used += len(own)
         table[row, :n] = torch.cat([shared, own])
-    backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM)
+    backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM, kernels=kernels)
     batch = hand_built_batch(table, [n - 1 for n in lens], [1] * len(lens), AttentionKind.DECODE)
     ctx = backend.prepare(batch)
     assert type(ctx) is strategy
@@ -115,15 +112,15 @@ def test_decode_strategies_match_reference(
 
 
 @pytest.mark.parametrize("c_kernels, strategy", [(True, PagedDecode), (False, SdpaDecode)])
-def test_decode_with_fp32_queries_reads_a_bf16_pool(c_kernels: bool, strategy: type, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_with_fp32_queries_reads_a_bf16_pool(c_kernels: bool, strategy: type) -> None:
     """A quantized model's 16-bit KV pool under fp32 queries: the C kernel widens the pool's bf16
     values in place, torch's strategies cast what they gather; the new K/V are stored rounded."""
-    choose_kernels(c_kernels, monkeypatch)
+    kernels = choose_kernels(c_kernels)
     g = torch.Generator().manual_seed(1)
     pool = random_pool(torch.bfloat16, g)
     lens = [40, 1, 300]
     table = torch.randperm(SLOTS, generator=g)[: 3 * 512].view(3, 512)
-    backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM, (), torch.float32)
+    backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM, (), torch.float32, kernels)
     batch = hand_built_batch(table, [n - 1 for n in lens], [1] * len(lens), AttentionKind.DECODE)
     ctx = backend.prepare(batch)
     assert type(ctx) is strategy
@@ -219,9 +216,9 @@ WINDOW = 120
     [(torch.float32, True, PagedDecode), (torch.float32, False, SdpaDecode), (torch.bfloat16, False, MatmulDecode)],
 )
 def test_windowed_decode_reads_the_last_window_keys_and_no_shared_run(
-    dtype: torch.dtype, c_kernels: bool, strategy: type, monkeypatch: pytest.MonkeyPatch
+    dtype: torch.dtype, c_kernels: bool, strategy: type
 ) -> None:
-    choose_kernels(c_kernels, monkeypatch)
+    kernels = choose_kernels(c_kernels)
     g = torch.Generator().manual_seed(2)
     pool = random_pool(dtype, g)
     lens = [230, 201, 90, 300]
@@ -229,7 +226,7 @@ def test_windowed_decode_reads_the_last_window_keys_and_no_shared_run(
     table = torch.zeros(len(lens), 512, dtype=torch.int64)
     for row, n in enumerate(lens):  # all share a 200-slot prefix: full attention would use cascade
         table[row, :n] = torch.cat([free[: min(n - 1, 200)], free[1000 + 300 * row :][: n - min(n - 1, 200)]])
-    backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM, layer_windows=(WINDOW,))
+    backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM, layer_windows=(WINDOW,), kernels=kernels)
     batch = hand_built_batch(table, [n - 1 for n in lens], [1] * len(lens), AttentionKind.DECODE)
     ctx = backend.prepare(batch)
     assert type(ctx) is strategy

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minisgl.layers import norm
+from minisgl.kernels.native import resolve_kernels
 from minisgl.layers.linear import Linear, linear, pack_weights
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding, apply_rotary
@@ -36,7 +36,7 @@ def test_packed_linear_matches_plain(rows: int, with_bias: bool, dtype: torch.dt
 
 
 @pytest.mark.parametrize("rows", [1, 5, 40])
-def test_rms_norm_and_its_residual_add_match_hugging_face(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rms_norm_and_its_residual_add_match_hugging_face(rows: int) -> None:
     """On either path (the C kernel where it builds, torch's ops otherwise), within fp32 rounding."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
@@ -46,9 +46,8 @@ def test_rms_norm_and_its_residual_add_match_hugging_face(rows: int, monkeypatch
     reference.weight.data = torch.rand(576) + 0.5
     ours = RMSNorm(576, 1e-5)
     ours.weight.data = reference.weight.data.clone()
-    for c_kernels in (True, False):
-        if not c_kernels:
-            monkeypatch.setattr(norm, "cpu_kernels", lambda: None)
+    for kernels in (resolve_kernels("auto"), None):
+        ours.kernels = kernels
         torch.testing.assert_close(ours(x), reference(x), rtol=1e-6, atol=1e-6)
         normed, total = ours.add_forward(delta, x)
         assert torch.equal(total, x + delta)

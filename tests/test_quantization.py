@@ -3,7 +3,6 @@ end to end (perplexity against fp32, batch against alone), and bad modes."""
 
 from __future__ import annotations
 
-import platform
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,14 +17,14 @@ from benchmarks.corpus import GUIDELINES
 from minisgl import LLM, SamplingParams
 from minisgl.batch import AttentionKind, Batch
 from minisgl.config import EngineConfig
-from minisgl.kernels import native
-from minisgl.layers import quant
+from minisgl.kernels.native import VARIANTS, cpu_flags, host_variants, resolve_kernels
 from minisgl.layers.linear import Linear
 from minisgl.layers.quant import INT4_GROUP, DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
 from minisgl.models.gguf import default_model_path
 from minisgl.models.gguf_tensors import INT4_EXACT, GGUFTensors, int4_from_blocks
 from minisgl.models.perplexity import perplexity, sequence_logits
-from tests.tiny_models import build_tiny_model
+from tests.conftest import c_kernels_or_skip
+from tests.tiny_models import WINDOW, build_tiny_model
 
 OUT, IN = 96, 256  # one Q4_K / Q6_K super-block of 256 weights per row
 # The C kernels (15-bit activations: ~1e-4 here) and torch's fallback kernels (bf16 activations:
@@ -114,33 +113,24 @@ def test_int4_round_to_nearest_error_is_half_a_step() -> None:
 
 
 def c_kernels_expected() -> bool:
-    """The C kernels build wherever there is a compiler and an AVX-512 VNNI CPU."""
+    """The C kernels build wherever there is a compiler and a CPU with AVX2 + FMA + F16C at least."""
     has_compiler = shutil.which("cc") is not None or shutil.which("gcc") is not None
-    return has_compiler and platform.machine() == "x86_64" and {"avx512_vnni", "avx512bw", "f16c"} <= cpu_flags()
-
-
-def cpu_flags() -> set[str]:
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.is_file():
-        return set()
-    return {f for line in cpuinfo.read_text().splitlines() if line.startswith("flags") for f in line.split(":")[1].split()}
+    return has_compiler and bool(host_variants(cpu_flags()))
 
 
 @pytest.mark.parametrize("path", ["c", "torch"])
-def test_both_kernel_paths_match_the_dequantized_weight(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_both_kernel_paths_match_the_dequantized_weight(path: str) -> None:
     """The C kernels, and torch's where they cannot be built; rows past the C kernels' four per
     pass included."""
-    if path == "torch":
-        monkeypatch.setattr(quant, "cpu_kernels", lambda: None)
-    elif not c_kernels_expected():
-        pytest.skip("no C compiler or no AVX-512 VNNI here")
+    kernels = c_kernels_or_skip() if path == "c" else None
     dense = torch.randn(OUT, IN)
     for weight in (Int4Weight.quantize(dense), Int8Weight.quantize(dense)):
+        weight.kernels = kernels
         assert_matmul_close(weight, weight.dequantize())
 
 
 def test_c_kernels_build_where_the_host_allows() -> None:
-    assert (native.cpu_kernels() is not None) == c_kernels_expected()
+    assert (resolve_kernels("auto") is not None) == c_kernels_expected()
 
 
 def test_int4_from_the_file_is_its_dequantized_weight() -> None:
@@ -217,26 +207,42 @@ def test_fused_decode_step_matches_the_layer_by_layer_one(auto_llm: LLM, monkeyp
     assert_fused_matches_layers(auto_llm, monkeypatch, steps=1)
 
 
-def test_fused_decode_of_a_gqa_model_quantized_at_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With an fp32 pool, whole greedy sequences agree."""
-    folder = build_tiny_model("llama", tmp_path / "llama")
-    llm = LLM(str(folder), quantization="int4", kv_dtype="float32", num_page_override=512)
+@pytest.mark.parametrize(
+    "kind, mode, variant",
+    [
+        *(("llama", "int4", v.name) for v in VARIANTS), ("qwen2", "int4", "avx512"), ("qwen3", "int4", "avx512"),
+        ("qwen3", "int4", "avx2"), ("llama", "int8", "avx512"), ("llama", "int8", "avx2"),
+    ],
+)  # fmt: skip
+def test_fused_decode_of_a_gqa_model_quantized_at_load(
+    kind: str, mode: str, variant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an fp32 pool, whole greedy sequences agree, on every build of the kernels this CPU runs;
+    Qwen2's QKV bias, Qwen3's Q/K head norms and int8 layers run in the same single call."""
+    c_kernels_or_skip(f"c:{variant}")
+    folder = build_tiny_model(kind, tmp_path / kind)
+    llm = LLM(str(folder), quantization=mode, kv_dtype="float32", num_page_override=512, kernels=f"c:{variant}")
     try:
         assert_fused_matches_layers(llm, monkeypatch)
     finally:
         llm.shutdown()
 
 
-def assert_fused_matches_layers(llm: LLM, monkeypatch: pytest.MonkeyPatch, steps: int | None = None) -> None:
+def assert_fused_matches_layers(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch, steps: int | None = None, max_tokens: int = 16
+) -> None:
     """The fused and the layer-by-layer decode agree on greedy tokens and logits over ``steps``
-    decode steps (None: all of them)."""
+    decode steps (None: all of the ``max_tokens``)."""
     model = llm.scheduler.engine.model
-    if not c_kernels_expected():
+    if model.kernels is None:
         assert model._fused_decoder is None
         pytest.skip("no C kernels here")
-    assert model._fused_decoder is not None
+    fused_decoder = model._fused_decoder
+    assert fused_decoder is not None
+    fused_steps: list[int] = []
+    monkeypatch.setattr(fused_decoder, "run", lambda *args, run=fused_decoder.run: fused_steps.append(1) or run(*args))
     prompts = [[5, 9, 200, 17, 33], [7, 7, 81, 4], [100, 3]]
-    params = SamplingParams(max_tokens=16 if steps is None else steps + 1, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens if steps is None else steps + 1, ignore_eos=True)
     engine = llm.scheduler.engine
     run_model = engine.run_model
     captured: dict[str, list[torch.Tensor]] = {"fused": [], "layers": []}
@@ -255,11 +261,42 @@ def assert_fused_matches_layers(llm: LLM, monkeypatch: pytest.MonkeyPatch, steps
         llm.flush_cache()
         outputs[key] = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
     assert outputs["fused"] == outputs["layers"]
-    assert len(captured["fused"]) == len(captured["layers"]) > 0
+    assert len(captured["fused"]) == len(captured["layers"]) == len(fused_steps) > 0  # every decode step fused
     for fused, layers in zip(captured["fused"], captured["layers"]):
         assert torch.equal(fused.argmax(-1), layers.argmax(-1))
         assert (fused - layers).abs().max() <= 2e-3 * layers.abs().max()
     llm.scheduler.check_accounting()
+
+
+def test_c_and_torch_kernels_give_the_same_greedy_tokens(smollm: LLM) -> None:
+    """The default model in fp32 (the shared fixture runs ``kernels="auto"``: the C kernels here)
+    against the same model on torch's kernels only."""
+    if smollm.scheduler.engine.kernels is None:
+        pytest.skip("the C kernels do not build here: auto ran torch's")
+    torch_llm = LLM(num_page_override=512, max_running_req=4, quantization="none", kernels="torch")
+    try:
+        assert torch_llm.scheduler.engine.kernels is None
+        prompts = ["The capital of France is", "def add(a, b):", "1, 2, 3,"]
+        params = SamplingParams(max_tokens=10, ignore_eos=True)
+        tokens = {}
+        for name, llm in (("c", smollm), ("torch", torch_llm)):
+            llm.flush_cache()
+            tokens[name] = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert tokens["c"] == tokens["torch"]
+    finally:
+        torch_llm.shutdown()
+
+
+def test_fused_decode_of_a_model_with_one_sliding_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mistral with a window on every layer: the single call reads each request's last ``WINDOW``
+    keys, as the layers do; the sequences run past the window."""
+    c_kernels_or_skip()
+    folder = build_tiny_model("mistral_window", tmp_path / "mistral")
+    llm = LLM(str(folder), quantization="int4", kv_dtype="float32", num_page_override=512)
+    try:
+        assert_fused_matches_layers(llm, monkeypatch, max_tokens=2 * WINDOW)
+    finally:
+        llm.shutdown()
 
 
 # -- bad input -----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from minisgl.batch import AttentionContext, Batch
+from minisgl.kernels.native import CpuKernels
 from minisgl.kvcache.pool import KVPool
 
 
@@ -23,14 +24,17 @@ class AttentionBackend(ABC):
         head_dim: int,
         layer_windows: tuple[int | None, ...] = (),
         dtype: torch.dtype | None = None,
+        kernels: CpuKernels | None = None,
     ) -> None:
         """``layer_windows``: per layer, the sliding window its tokens attend within (position p sees
         p - window + 1 .. p), or None for full attention; empty: every layer attends fully.
-        ``dtype``: the queries' (the model's; None: the pool's), which a 16-bit pool may differ from."""
+        ``dtype``: the queries' (the model's; None: the pool's), which a 16-bit pool may differ from.
+        ``kernels``: the engine's C kernels (None: torch's only)."""
         self.pool, self.page_table = pool, page_table
         self.dtype = dtype if dtype is not None else pool.k.dtype
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.layer_windows = layer_windows
+        self.kernels = kernels
 
     @abstractmethod
     def prepare(self, batch: Batch) -> AttentionContext:

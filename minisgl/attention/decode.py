@@ -24,9 +24,7 @@ from minisgl.attention.ops import attention_with_lse, key_bias
 from minisgl.batch import PagedKV
 from minisgl.kernels.native import CpuKernels
 from minisgl.kvcache.pool import KVPool
-
-# A shared run shorter than this is cheaper to gather per request than to attend separately.
-MIN_SHARED_PREFIX = 64
+from minisgl.tuning import MIN_SHARED_PREFIX
 
 
 class DecodeAttention:
@@ -62,7 +60,8 @@ class PagedDecode(DecodeAttention):
         self.paged, self.kernels = paged, kernels
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        p = self.paged  # the new K/V are stored by the same call
+        p = self.paged  # the new K/V are stored by the same call; the kernel takes each contiguous
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         return self.kernels.paged_decode_attention(
             q, k, v, p.out_slots, p.k_pool[layer_id], p.v_pool[layer_id], p.kv_slots, p.kv_lens
         )

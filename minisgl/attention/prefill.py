@@ -14,10 +14,7 @@ import torch.nn.functional as F
 from minisgl.attention.ops import sdpa
 from minisgl.batch import PagedKV
 from minisgl.kvcache.pool import KVPool
-
-# Prefix-extending prefills are padded to a common shape per call; a bucket may cost at most this
-# many times its unpadded work (query-key pairs) before the next request starts a new bucket.
-MAX_PADDING_COST = 1.5
+from minisgl.tuning import MAX_PADDING_COST
 
 
 class PrefillPart(Protocol):

@@ -30,7 +30,7 @@ from minisgl.attention.prefill import (
     padding_buckets,
 )
 from minisgl.batch import AttentionContext, AttentionKind, Batch, PagedKV
-from minisgl.kernels.native import CpuKernels, cpu_kernels
+from minisgl.kernels.native import CpuKernels, paged_attention_fits
 
 
 class PerLayerWindow:
@@ -56,12 +56,12 @@ class TorchAttentionBackend(AttentionBackend):
 
     @cached_property
     def _paged_kernels(self) -> CpuKernels | None:
-        """The C kernels, where they run this pool's decode: fp32 queries on the CPU, an fp32 or bf16
-        pool, head_dim a multiple of 16, at most 16 query heads per KV head."""
+        """The engine's C kernels, where they run this pool's decode: fp32 queries on the CPU, an fp32
+        or bf16 pool, heads the kernel takes (``paged_attention_fits``)."""
         pool = self.pool.k
-        fits = self.head_dim % 16 == 0 and self.num_heads // self.num_kv_heads <= 16
+        fits = paged_attention_fits(self.num_heads, self.num_kv_heads, self.head_dim)
         kinds = self.dtype == torch.float32 and pool.dtype in (torch.float32, torch.bfloat16)
-        return cpu_kernels() if kinds and pool.device.type == "cpu" and fits else None
+        return self.kernels if kinds and pool.device.type == "cpu" and fits else None
 
     def prepare(self, batch: Batch) -> AttentionContext:
         windows = set(self.layer_windows)

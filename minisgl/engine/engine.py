@@ -15,7 +15,7 @@ from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.batch import Batch
 from minisgl.config import EngineConfig
 from minisgl.distributed.sharding import max_kv_heads
-from minisgl.kernels.native import cpu_paths
+from minisgl.kernels.native import cpu_paths, resolve_kernels
 from minisgl.kvcache.pool import KVPool
 from minisgl.kvcache.table import TableManager
 from minisgl.layers.quant import QuantizedWeight
@@ -35,12 +35,14 @@ class Engine:
         self.device = tp.device if tp is not None else config.torch_device
         if self.device.type == "cpu":  # the cores are shared by this node's ranks
             torch.set_num_threads(config.num_threads or max(1, torch.get_num_threads() // config.tp_per_node))
+        # The kernel choice, made once here and handed to the model and the attention backend.
+        self.kernels = resolve_kernels(config.kernels) if self.device.type == "cpu" else None
         cfg = ModelConfig.from_folder(model_path)
         self.model_config = cfg
         self.max_seq_len = min(cfg.max_position_embeddings, config.max_seq_len_override or cfg.max_position_embeddings)
         self.model = load_model(
             model_path, config.torch_dtype, self.device, self.max_seq_len, tp,
-            config.quantization, resolve_gguf_file(config.model),
+            config.quantization, resolve_gguf_file(config.model), self.kernels,
         )  # fmt: skip
         self.page_size = config.page_size
         heads = local_heads(cfg, tp)
@@ -58,7 +60,7 @@ class Engine:
         self.table = TableManager(config.max_running_req, self.max_seq_len, self.device)
         self.attention = ATTENTION_BACKENDS.get(config.attention_backend)(
             self.pool, self.table.page_table, heads.num_q, heads.num_kv, cfg.head_dim, cfg.layer_windows,
-            config.torch_dtype,
+            config.torch_dtype, self.kernels,
         )
         self.sampler = Sampler(config.seed)
         # Bytes by part, fixed from here on (the start-up log, ``/metrics``, ``LLM.stats()``).
@@ -72,8 +74,11 @@ class Engine:
             "memory: weights %.1f MiB, KV pool %.1f MiB, dequantization buffer %.1f MiB",
             *(self.memory[part] / 2**20 for part in ("weights", "kv_pool", "dequant_buffer")),
         )
+        if self.device.type == "cpu":
+            kernels = self.kernels.variant.description if self.kernels is not None else "none (torch's kernels)"
+            logger.info("C kernels (kernels=%s): %s", config.kernels, kernels)
         if quantized and self.device.type == "cpu":
-            logger.info("quantized products: %s", "; ".join(f"{k}: {v}" for k, v in cpu_paths().items()))
+            logger.info("quantized products: %s", "; ".join(f"{k}: {v}" for k, v in cpu_paths(self.kernels).items()))
 
     @torch.inference_mode()
     def run_model(self, batch: Batch) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The engine's C kernels (``cpu/*.c``), built for this machine on first use and called via ctypes.
+"""The engine's C kernels (``cpu/*.c``), built for this machine on first use and called through cffi.
 
 - ``quant_gemm.c``: int4/int8 weight-only products, fp32 in and out. torch's CPU kernels for them
   take bf16 activations (two casts a product, and 3e-3 relative error against these ~1e-4); at one
@@ -12,18 +12,24 @@
 - ``decode_layer.c``: a whole decode step through int4 Llama layers, the kernels above chained in C
   (``FusedDecoder``): at one request the Python between them was a third of the step.
 
-The library is compiled with the system's C compiler (``cc``, or ``$CC``) and ``-march=native``
-into the user's cache. Where that fails (no compiler, or a CPU without AVX-512 VNNI, which the
-source requires), ``cpu_kernels()`` returns None and the callers keep torch's kernels; the log
-says why.
+Variants: the same sources are built into one library per instruction set (``VARIANTS``: AVX-512
+VNNI, AVX2 + AVX-VNNI, AVX2 + FMA), each with its own ``-m`` flags, into the user's cache, with the
+system's C compiler (``cc``, or ``$CC``). ``host_variants`` says which this CPU can run (from
+``/proc/cpuinfo``); the engine resolves ``EngineConfig.kernels`` once (``resolve_kernels``) and hands
+the loaded library, or None for torch's kernels, to the layers, the attention backend and the model.
+A CPU with none of the variants runs torch's kernels, and the log says so.
+
+The boundary is ``cpu/kernels.h``: cffi parses it, so the structs and prototypes are declared once,
+and every method here checks its tensors (device, dtype, shape, contiguity) before the call, raising
+a ``ValueError`` that names the argument.
 """
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -31,13 +37,96 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
+import cffi
 import torch
 
 logger = logging.getLogger("minisgl.kernels")
 
 SOURCE_DIR = Path(__file__).parent / "cpu"
-SOURCES = sorted(SOURCE_DIR.glob("*.c"))
+HEADER = SOURCE_DIR / "kernels.h"
+Matmul = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One build of the kernels: the compiler flags that select its SIMD bodies (``cpu/simd.h``) and
+    the ``/proc/cpuinfo`` flags a CPU needs to run it."""
+
+    name: str  # what ``kernels_variant()`` in the library returns, and ``kernels="c:<name>"``
+    description: str
+    compile_flags: tuple[str, ...]
+    cpu_needs: frozenset[str]
+
+
+_AVX2 = ("-mavx2", "-mfma", "-mf16c")
+VARIANTS = (  # best first
+    Variant(
+        "avx512", "AVX-512 VNNI", ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", *_AVX2),
+        frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"}),
+    ),
+    Variant("avxvnni", "AVX2 + AVX-VNNI", (*_AVX2, "-mavxvnni"), frozenset({"avx_vnni", "avx2", "fma", "f16c"})),
+    Variant("avx2", "AVX2 + FMA", _AVX2, frozenset({"avx2", "fma", "f16c"})),
+)  # fmt: skip
+KERNEL_CHOICES = ("auto", "c", "torch", *(f"c:{v.name}" for v in VARIANTS))
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as Linux reports them (empty elsewhere: no variant is then chosen)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if platform.machine() != "x86_64" or not cpuinfo.is_file():
+        return frozenset()
+    for line in cpuinfo.read_text().splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def host_variants(flags: frozenset[str]) -> list[Variant]:
+    """The variants a CPU with ``flags`` can run, best first."""
+    return [v for v in VARIANTS if v.cpu_needs <= flags]
+
+
+def check_kernel_choice(choice: str) -> None:
+    """``EngineConfig.kernels``: auto (the C kernels where they build, else torch's), c (the C
+    kernels or an error), torch, or c:<variant> (that build, for benchmarks and tests)."""
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(f"kernels must be one of {', '.join(KERNEL_CHOICES)}; got {choice!r}")
+
+
+def resolve_kernels(choice: str, flags: frozenset[str] | None = None) -> CpuKernels | None:
+    """The library ``choice`` asks for on a CPU with ``flags`` (this one's by default), or None for
+    torch's kernels. ``auto`` takes the best variant that builds and logs why none did; ``c`` and
+    ``c:<variant>`` raise a ``RuntimeError`` saying why instead."""
+    check_kernel_choice(choice)
+    if choice == "torch":
+        return None
+    runnable = host_variants(cpu_flags() if flags is None else flags)
+    if choice.startswith("c:"):
+        name = choice.removeprefix("c:")
+        if name not in {v.name for v in runnable}:
+            raise RuntimeError(f"kernels={choice!r}: this CPU cannot run the {name} variant")
+        runnable = [v for v in runnable if v.name == name]
+    failures = []
+    for variant in runnable:
+        try:
+            return load_variant(variant.name)
+        except OSError as e:
+            failures.append(f"{variant.name}: {e}")
+    why = "; ".join(failures) if failures else "the CPU has none of AVX-512 VNNI, AVX-VNNI, AVX2 + FMA + F16C"
+    if choice == "auto":
+        logger.warning("C kernels unavailable, torch's kernels run instead: %s", why)
+        return None
+    raise RuntimeError(f"kernels={choice!r}: the C kernels cannot run here: {why}")
+
+
+@cache
+def load_variant(name: str) -> CpuKernels:
+    """One variant's library, built on first use (a few seconds) and then loaded from the cache.
+    Raises ``OSError`` where it does not build."""
+    variant = next(v for v in VARIANTS if v.name == name)
+    return CpuKernels(_build(variant), variant)
 
 
 def _cache_dir() -> Path:
@@ -45,62 +134,109 @@ def _cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def _build() -> Path:
-    """The shared library for this host, compiled once per source, compiler and flags."""
+def _build(variant: Variant) -> Path:
+    """The shared library of ``variant``, compiled once per source, compiler and flags: each source
+    in its own compiler process (they run in parallel), then linked."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise OSError("no C compiler (cc, gcc or $CC)")
-    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
-    texts = [f.read_text() for f in sorted(SOURCE_DIR.glob("*.[ch]"))]  # the header too
+    flags = ["-O3", *variant.compile_flags, "-fopenmp", "-fPIC", "-std=c11"]
+    sources = sorted(SOURCE_DIR.glob("*.c"))
+    texts = [f.read_text() for f in sorted(SOURCE_DIR.glob("*.[ch]"))]  # the headers too
     key = hashlib.sha256("\n".join([*texts, compiler, *flags]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"cpu_kernels-{key}.so"
-    if not target.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{target.name}-", dir=target.parent)
-        os.close(fd)
-        try:
-            command = [compiler, *flags, "-o", tmp, *map(str, SOURCES)]
-            subprocess.run(command, check=True, capture_output=True, text=True)
-            os.replace(tmp, target)  # atomic: concurrent first uses each build, one wins
-        except subprocess.CalledProcessError as e:
-            errors = [line for line in e.stderr.splitlines() if "error" in line]
-            raise OSError(f"{compiler} failed: {(errors or [e.stderr.strip()])[0][-500:]}") from e
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    target = _cache_dir() / f"cpu_kernels-{variant.name}-{key}.so"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".tmp-{target.name}-", dir=target.parent) as tmp:
+        objects = [Path(tmp) / f"{s.stem}.o" for s in sources]
+        compiles = [
+            subprocess.Popen([compiler, *flags, "-c", "-o", str(o), str(s)], stderr=subprocess.PIPE, text=True)
+            for s, o in zip(sources, objects)
+        ]
+        outcomes = [(p.communicate()[1], p.returncode) for p in compiles]  # read stderr: a full pipe would block
+        errors = [stderr for stderr, code in outcomes if code != 0]
+        if not errors:
+            # -Bsymbolic: calls between the kernels stay inside this library when several variants are loaded.
+            link = [compiler, "-shared", "-fopenmp", "-Wl,-Bsymbolic", "-o", f"{tmp}/lib.so", *map(str, objects)]
+            result = subprocess.run(link, capture_output=True, text=True)
+            errors = [result.stderr] if result.returncode else []
+        if errors:
+            lines = [line for line in errors[0].splitlines() if "error" in line]
+            raise OSError(f"{compiler} failed for {variant.name}: {(lines or [errors[0].strip()])[0][-500:]}")
+        os.replace(f"{tmp}/lib.so", target)  # atomic: concurrent first uses each build, one wins
     return target
 
 
-Matmul = Callable[[torch.Tensor], torch.Tensor]
-_p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+@cache
+def _ffi() -> cffi.FFI:
+    """The boundary as cffi reads it: ``kernels.h`` without its preprocessor lines."""
+    ffi = cffi.FFI()
+    ffi.cdef("\n".join(line for line in HEADER.read_text().splitlines() if not line.lstrip().startswith("#")))
+    return ffi
 
 
-class _Int4(ctypes.Structure):
-    _fields_ = [("codes", _p), ("scale", _p), ("minimum", _p)]
+_C_TYPES = {
+    torch.float32: "float *", torch.bfloat16: "uint16_t *", torch.float16: "uint16_t *", torch.int64: "int64_t *",
+    torch.int8: "int8_t *", torch.uint8: "uint8_t *",
+}  # fmt: skip
 
 
-class _Layer(ctypes.Structure):
-    _fields_ = [
-        *((name, _i64) for name in ("layer", "hidden", "heads", "kv_heads", "head_dim", "intermediate")),
-        ("eps", _f32), ("input_norm", _p), ("post_norm", _p),
-        *((name, _Int4) for name in ("qkv", "o", "gate_up", "down")),
-    ]  # fmt: skip
-
-
-class _Step(ctypes.Structure):
-    _fields_ = [
-        ("batch", _i64), ("k_pool", _p), ("v_pool", _p), ("kv_bf16", ctypes.c_int), ("pool_layer_stride", _i64), ("out_slots", _p),
-        ("kv_slots", _p), ("kv_lens", _p), ("kv_stride", _i64), ("cos", _p), ("sin", _p), ("scratch", _p),
-        ("threads", ctypes.c_int),
-    ]  # fmt: skip
+def _check(name: str, t: object, dtypes: tuple[torch.dtype, ...], shape: tuple[int | None, ...]) -> torch.Tensor:
+    """``t`` as the C code reads it: a contiguous CPU tensor of one of ``dtypes`` and ``shape``
+    (None: any size), else a ``ValueError`` naming ``name``."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be on the CPU, got {t.device}")
+    if t.dtype not in dtypes:
+        raise ValueError(f"{name} must be {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
+    if t.dim() != len(shape) or any(want is not None and want != got for want, got in zip(shape, t.shape)):
+        wanted = ", ".join("*" if s is None else str(s) for s in shape)
+        raise ValueError(f"{name} must have shape [{wanted}], got {list(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (strides {t.stride()})")
+    return t
 
 
 Int4Buffers = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # codes, scale, minimum (``int4``'s layout)
 
 
+def _check_int4(name: str, weight: Int4Buffers) -> tuple[int, int]:
+    """An int4 weight's (N, K), its three buffers checked against each other."""
+    codes, scale, minimum = weight
+    _check(f"{name} codes", codes, (torch.uint8,), (None, None))
+    n, k = codes.shape[0], codes.shape[1] * 2
+    if k % 64 or k == 0:
+        raise ValueError(f"{name} codes must have a multiple of 32 bytes a row (64 int4 columns), got {k // 2}")
+    _check(f"{name} scale", scale, (torch.float16,), (n, k // 32))
+    _check(f"{name} minimum", minimum, (torch.float16,), (n, k // 32))
+    return n, k
+
+
+Int8Buffers = tuple[torch.Tensor, torch.Tensor]  # codes, scale (``int8``'s)
+
+
+def _check_int8(name: str, weight: Int8Buffers, multiple: int = 32) -> tuple[int, int]:
+    """An int8 weight's (N, K): codes [N, K] int8 with K a positive multiple of ``multiple``, scale [N] fp32."""
+    codes, scale = weight
+    _check(f"{name} codes", codes, (torch.int8,), (None, None))
+    n, k = codes.shape
+    if k % multiple or k == 0:
+        raise ValueError(f"{name} codes must have a multiple of {multiple} columns, got {k}")
+    _check(f"{name} scale", scale, (torch.float32,), (n,))
+    return n, k
+
+
+def _check_projection(name: str, weight: Int4Buffers | Int8Buffers) -> tuple[int, int]:
+    """A projection of ``decode_layer.c``, int4 (three buffers) or int8 (two): its (N, K)."""
+    return _check_int4(name, weight) if len(weight) == 3 else _check_int8(name, weight)
+
+
 @dataclass(frozen=True)
 class LayerWeights:
-    """One plain Llama decoder layer whose four projections are int4 (``decode_layer.c``)."""
+    """One decoder layer with a dense MLP whose four projections are int4 or int8 (``decode_layer.c``):
+    Llama's, Qwen2's (a QKV bias) or Qwen3's (Q/K head norms)."""
 
     hidden: int
     heads: int
@@ -110,58 +246,113 @@ class LayerWeights:
     eps: float
     input_norm: torch.Tensor  # fp32 [hidden]
     post_norm: torch.Tensor
-    qkv: Int4Buffers  # [(heads + 2 kv_heads) * head_dim, hidden]
-    o: Int4Buffers
-    gate_up: Int4Buffers  # gate rows, then up rows
-    down: Int4Buffers
+    qkv: Int4Buffers | Int8Buffers  # [(heads + 2 kv_heads) * head_dim, hidden]
+    o: Int4Buffers | Int8Buffers
+    gate_up: Int4Buffers | Int8Buffers  # gate rows, then up rows
+    down: Int4Buffers | Int8Buffers
+    qkv_bias: torch.Tensor | None = None  # fp32 [(heads + 2 kv_heads) * head_dim] (Qwen2)
+    q_norm: torch.Tensor | None = None  # fp32 [head_dim], with k_norm (Qwen3): eps is the layer's
+    k_norm: torch.Tensor | None = None
 
 
 class CpuKernels:
-    """The library loaded. ``int4``/``int8`` bind a weight once and return its product with fp32
-    rows: a decode step makes ~120 of these calls, so each does little more than the C call
-    (ctypes ~2.6 us, the output's allocation ~0.9 us)."""
+    """One variant's library loaded. ``int4``/``int8`` bind a weight once and return its product
+    with fp32 rows: a decode step makes ~120 of these calls, so each does little more than check
+    ``x`` and call. Methods with ``reference=True`` run the plain C reference the library exports
+    instead of its SIMD body (the tests' yardstick)."""
 
-    def __init__(self, path: Path) -> None:
-        lib = ctypes.CDLL(str(path))
-        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.int4_matmul.argtypes = [p, i64, i64, p, p, p, i64, p, i32]
-        lib.int8_matmul.argtypes = [p, i64, i64, p, p, i64, p, i32]
-        lib.paged_decode_attention.argtypes = [p, p, p, p, p, p, i32, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p, i32]
-        lib.rms_norm.argtypes = [p, p, p, p, i64, i64, ctypes.c_float, p, i32]
-        lib.decode_layer_scratch.argtypes = [i64] * 6
-        lib.decode_layer_scratch.restype = i64
-        lib.decode_layers.argtypes = [p, i64, p, p, p, p, p]
-        lib.int4_dequantize_bf16.argtypes = [p, p, p, i64, i64, i64, p, i32]
-        lib.int8_dequantize_bf16.argtypes = [p, p, i64, i64, i64, p, i32]
-        self._lib = lib
+    def __init__(self, path: Path, variant: Variant) -> None:
+        self.variant, self.ffi = variant, _ffi()
+        self.lib: Any = self.ffi.dlopen(str(path))
+        for name in dir(self.lib):  # every declaration of the header resolves in the library: now, not at first use
+            try:
+                getattr(self.lib, name)
+            except AttributeError as e:
+                raise OSError(f"{path.name} lacks {name}, which kernels.h declares") from e
+        built = self.ffi.string(self.lib.kernels_variant()).decode()
+        if built != variant.name:
+            raise OSError(f"the {variant.name} build compiled the {built} bodies: the compiler lacks its flags")
 
-    def int4(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> Matmul:
+    def __repr__(self) -> str:
+        return f"CpuKernels({self.variant.name})"
+
+    def pointer(self, t: torch.Tensor) -> Any:
+        """``t``'s data as the C type of its dtype (the tensor must outlive the pointer's use)."""
+        return self.ffi.cast(_C_TYPES[t.dtype], t.data_ptr())
+
+    def raise_for(self, what: str, code: int) -> None:
+        """The exception a kernel's error code (kernels.h) stands for, raised; nothing for 0. The
+        paged attention checks its slots and lengths itself (cheaper there than a torch op each)."""
+        lib = self.lib
+        if code == lib.KERNELS_NO_MEMORY:
+            raise MemoryError(f"{what}: the kernel's buffers could not be allocated")
+        problems = {
+            lib.KERNELS_BAD_OUT_SLOT: "out_slots holds a slot outside the pool",
+            lib.KERNELS_BAD_KV_LEN: "kv_lens holds a length outside [0, kv_slots' row length]",
+            lib.KERNELS_BAD_KV_SLOT: "kv_slots holds an attended slot outside the pool",
+        }
+        if code:
+            raise ValueError(f"{what}: {problems.get(code, f'the kernel refused the shapes (code {code})')}")
+
+    def int4(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, reference: bool = False) -> Matmul:
         """``codes``: [N, K / 2] uint8 in the C layout (``Int4Weight.from_codes``); ``scale``,
         ``minimum``: [N, K / 32] fp16; w = code * scale + minimum. The product takes [rows, K] fp32
         and gives [rows, N] fp32."""
-        return _bind(self._lib.int4_matmul, codes.shape[0], codes.shape[1] * 2, (codes, scale, minimum))
+        n, k = _check_int4("int4 weight", (codes, scale, minimum))
+        weight = (self.pointer(codes), self.pointer(scale), self.pointer(minimum))
+        if reference:
+            return self._bind("int4_matmul_ref", n, k, weight, (codes, scale, minimum), threads=False)
+        return self._bind("int4_matmul", n, k, weight, (codes, scale, minimum), threads=True)
 
-    def int8(self, codes: torch.Tensor, scale: torch.Tensor) -> Matmul:
-        """``codes``: [N, K] int8; ``scale``: [N] fp32; w = code * scale row by row."""
-        return _bind(self._lib.int8_matmul, codes.shape[0], codes.shape[1], (codes, scale))
+    def int8(self, codes: torch.Tensor, scale: torch.Tensor, reference: bool = False) -> Matmul:
+        """``codes``: [N, K] int8 (K a multiple of 32); ``scale``: [N] fp32; w = code * scale row by row."""
+        n, k = _check_int8("int8 weight", (codes, scale))
+        weight = (self.pointer(codes), self.pointer(scale))
+        name = "int8_matmul_ref" if reference else "int8_matmul"
+        return self._bind(name, n, k, weight, (codes, scale), threads=not reference)
+
+    def _bind(
+        self, name: str, n: int, k: int, weight: tuple[Any, ...], keep: tuple[torch.Tensor, ...], threads: bool
+    ) -> Matmul:
+        """x [rows, k] → [rows, n] through ``name(x, rows, k, *weight, n, y[, threads])``, the weight's
+        pointers cast once (the closure keeps its tensors, so the pointers stay valid)."""
+        run, cast = getattr(self.lib, name), self.ffi.cast
+
+        def matmul(x: torch.Tensor, keep: tuple[torch.Tensor, ...] = keep) -> torch.Tensor:
+            _check("x", x, (torch.float32,), (None, k))
+            y = torch.empty(x.shape[0], n)
+            if x.shape[0]:
+                args = (cast("float *", x.data_ptr()), x.shape[0], k, *weight, n, cast("float *", y.data_ptr()))
+                self.raise_for(name, run(*args, torch.get_num_threads()) if threads else run(*args))
+            return y
+
+        return matmul
 
     def int4_dequantize(
-        self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, start: int, out: torch.Tensor
-    ) -> None:
+        self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, start: int, out: torch.Tensor,
+        reference: bool = False,
+    ) -> None:  # fmt: skip
         """Rows ``start .. start + len(out)`` of an int4 weight (``int4``'s buffers) into ``out``,
         [rows, K] bf16."""
-        _check_band(codes.shape[0], codes.shape[1] * 2, start, out)
-        self._lib.int4_dequantize_bf16(
-            codes.data_ptr(), scale.data_ptr(), minimum.data_ptr(), codes.shape[1] * 2, start, out.shape[0],
-            out.data_ptr(), torch.get_num_threads(),
-        )  # fmt: skip
+        n, k = _check_int4("int4 weight", (codes, scale, minimum))
+        _check_band(n, k, start, out)
+        args = (*map(self.pointer, (codes, scale, minimum)), k, start, out.shape[0], self.pointer(out))
+        if reference:
+            self.lib.int4_dequantize_bf16_ref(*args)
+        else:
+            self.lib.int4_dequantize_bf16(*args, torch.get_num_threads())
 
-    def int8_dequantize(self, codes: torch.Tensor, scale: torch.Tensor, start: int, out: torch.Tensor) -> None:
-        """Rows ``start .. start + len(out)`` of an int8 weight into ``out``, [rows, K] bf16."""
-        _check_band(codes.shape[0], codes.shape[1], start, out)
-        self._lib.int8_dequantize_bf16(
-            codes.data_ptr(), scale.data_ptr(), codes.shape[1], start, out.shape[0], out.data_ptr(), torch.get_num_threads()
-        )
+    def int8_dequantize(
+        self, codes: torch.Tensor, scale: torch.Tensor, start: int, out: torch.Tensor, reference: bool = False
+    ) -> None:
+        """Rows ``start .. start + len(out)`` of an int8 weight into ``out``, [rows, K] bf16 (K a multiple of 16)."""
+        n, k = _check_int8("int8 weight", (codes, scale), multiple=16)
+        _check_band(n, k, start, out)
+        args = (self.pointer(codes), self.pointer(scale), k, start, out.shape[0], self.pointer(out))
+        if reference:
+            self.lib.int8_dequantize_bf16_ref(*args)
+        else:
+            self.lib.int8_dequantize_bf16(*args, torch.get_num_threads())
 
     def paged_decode_attention(
         self,
@@ -173,91 +364,121 @@ class CpuKernels:
         v_pool: torch.Tensor,
         kv_slots: torch.Tensor,
         kv_lens: torch.Tensor,
+        reference: bool = False,
     ) -> torch.Tensor:
         """``q``: [batch, heads, d] fp32; ``k``, ``v``: [batch, kv_heads, d] fp32, first stored at
         ``out_slots`` of ``k_pool``, ``v_pool`` (one layer's [slots, kv_heads, d], fp32 or bf16,
         written in place); ``kv_slots``: [batch, n] int64, of which row b's first ``kv_lens[b]`` are
         attended → [batch, heads * d]."""
+        _check("q", q, (torch.float32,), (None, None, None))
         batch, heads, d = q.shape
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out_slots, kv_slots, kv_lens = out_slots.contiguous(), kv_slots.contiguous(), kv_lens.contiguous()
-        if not out_slots.dtype == kv_slots.dtype == kv_lens.dtype == torch.int64:
-            raise ValueError("paged_decode_attention takes int64 slots and lengths")
-        if not q.dtype == k.dtype == v.dtype == torch.float32:
-            raise ValueError(f"paged_decode_attention takes fp32 q, k, v, got {q.dtype}, {k.dtype}, {v.dtype}")
+        _check("k_pool", k_pool, (torch.float32, torch.bfloat16), (None, None, d))
+        slots, kv_heads = k_pool.shape[0], k_pool.shape[1]
+        _check("v_pool", v_pool, (k_pool.dtype,), tuple(k_pool.shape))
+        _check_heads(heads, kv_heads, d)
+        _check("k", k, (torch.float32,), (batch, kv_heads, d))
+        _check("v", v, (torch.float32,), (batch, kv_heads, d))
+        _check("out_slots", out_slots, (torch.int64,), (batch,))
+        _check("kv_slots", kv_slots, (torch.int64,), (batch, None))
+        _check("kv_lens", kv_lens, (torch.int64,), (batch,))
         out = torch.empty(batch, heads * d)
-        failed = self._lib.paged_decode_attention(
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), out_slots.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(),
-            _kv_bf16(k_pool, v_pool), kv_slots.data_ptr(), kv_slots.shape[1], kv_lens.data_ptr(), batch, heads,
-            k_pool.shape[1], d, d**-0.5,
-            out.data_ptr(), torch.get_num_threads(),
+        p = self.pointer
+        args = (
+            p(q), p(k), p(v), p(out_slots), p(k_pool), p(v_pool), slots, int(k_pool.dtype == torch.bfloat16),
+            p(kv_slots), kv_slots.shape[1], p(kv_lens), batch, heads, kv_heads, d, d**-0.5, p(out),
         )  # fmt: skip
-        if failed:
-            shape = f"heads {heads}, KV heads {k_pool.shape[1]}, dim {d}"
-            raise RuntimeError(f"paged_decode_attention failed ({failed}): {shape}")
+        if reference:
+            self.raise_for("paged_decode_attention_ref", self.lib.paged_decode_attention_ref(*args))
+        else:
+            self.raise_for("paged_decode_attention", self.lib.paged_decode_attention(*args, torch.get_num_threads()))
         return out
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """RMSNorm of ``x`` (+ ``delta``) over its last dimension, fp32: (normed, the sum normed)."""
-        x = x.contiguous()
-        n, out = x.shape[-1], torch.empty_like(x)
-        total = x if delta is None else torch.empty_like(x)
-        delta_ptr = None if delta is None else (delta := delta.contiguous()).data_ptr()
-        sum_ptr = None if delta is None else total.data_ptr()
-        threads = torch.get_num_threads()
-        self._lib.rms_norm(
-            x.data_ptr(), delta_ptr, sum_ptr, weight.data_ptr(), x.numel() // n, n, eps, out.data_ptr(), threads
-        )
+        _check("x", x, (torch.float32,), (None,) * x.dim())
+        n = x.shape[-1]
+        _check("weight", weight, (torch.float32,), (n,))
+        out = torch.empty_like(x)
+        if delta is None:
+            total, delta_ptr, sum_ptr = x, self.ffi.NULL, self.ffi.NULL
+        else:
+            _check("delta", delta, (torch.float32,), tuple(x.shape))
+            total = torch.empty_like(x)
+            delta_ptr, sum_ptr = self.pointer(delta), self.pointer(total)
+        rows = x.numel() // n if n else 0
+        p = self.pointer
+        self.lib.rms_norm(p(x), delta_ptr, sum_ptr, p(weight), rows, n, eps, p(out), torch.get_num_threads())
         return out, total
 
     def fused_decoder(self, layers: list[LayerWeights]) -> FusedDecoder:
-        return FusedDecoder(self._lib, layers)
+        return FusedDecoder(self, layers)
 
 
-def _kv_bf16(k_pool: torch.Tensor, v_pool: torch.Tensor) -> int:
-    """The C kernels' pool flag: 1 for bf16, 0 for fp32 (anything else is refused)."""
-    if k_pool.dtype != v_pool.dtype or k_pool.dtype not in (torch.float32, torch.bfloat16) or not k_pool.is_contiguous():
-        raise ValueError(f"the KV pools must be contiguous fp32 or bf16, got {k_pool.dtype} and {v_pool.dtype}")
-    return int(k_pool.dtype == torch.bfloat16)
+def paged_attention_fits(heads: int, kv_heads: int, d: int) -> bool:
+    """What paged_attention.c takes: head_dim a multiple of 16, 1-16 query heads per KV head."""
+    return d % 16 == 0 and kv_heads >= 1 and heads % kv_heads == 0 and heads // kv_heads <= 16
+
+
+def _check_heads(heads: int, kv_heads: int, d: int) -> None:
+    if not paged_attention_fits(heads, kv_heads, d):
+        raise ValueError(f"paged attention needs head_dim % 16 == 0 and 1-16 query heads per KV head, "
+                         f"got {heads} heads, {kv_heads} KV heads, head_dim {d}")  # fmt: skip
 
 
 def _check_band(n: int, k: int, start: int, out: torch.Tensor) -> None:
-    if out.dtype != torch.bfloat16 or not out.is_contiguous() or out.dim() != 2 or out.shape[1] != k:
-        raise ValueError(f"out must be a contiguous [rows, {k}] bf16 tensor, got {out.dtype} {tuple(out.shape)}")
+    _check("out", out, (torch.bfloat16,), (None, k))
     if not 0 <= start <= start + out.shape[0] <= n:
         raise ValueError(f"rows {start}..{start + out.shape[0]} outside the weight's {n}")
 
 
-def _bind(run: Callable[..., object], n: int, k: int, weight: tuple[torch.Tensor, ...]) -> Matmul:
-    """x [rows, k] → [rows, n] through ``run(x, rows, k, *weight, n, y, threads)``, the weight's
-    pointers taken once (the closure keeps the tensors, so the pointers stay valid)."""
-    pointers = tuple(t.data_ptr() for t in weight)
-
-    def matmul(x: torch.Tensor, keep: tuple[torch.Tensor, ...] = weight) -> torch.Tensor:
-        x = x.contiguous()
-        y = torch.empty(x.shape[0], n)
-        run(x.data_ptr(), x.shape[0], k, *pointers, n, y.data_ptr(), torch.get_num_threads())
-        return y
-
-    return matmul
-
-
 class FusedDecoder:
-    """Decode steps through a stack of ``LayerWeights``, one C call a step."""
+    """Decode steps through a stack of ``LayerWeights``, one C call a step. Its scratch buffers and
+    step struct are kept between steps (the buffers grown for a larger batch)."""
 
-    def __init__(self, lib: ctypes.CDLL, layers: list[LayerWeights]) -> None:
-        self._lib, self._keep = lib, layers  # the structs point into the layers' tensors
-        self._layers = (_Layer * len(layers))()
-        for i, w in enumerate(layers):
-            int4 = [_Int4(*(t.data_ptr() for t in m)) for m in (w.qkv, w.o, w.gate_up, w.down)]
-            self._layers[i] = _Layer(
-                i, w.hidden, w.heads, w.kv_heads, w.head_dim, w.intermediate, w.eps,
-                w.input_norm.data_ptr(), w.post_norm.data_ptr(), *int4,
-            )  # fmt: skip
+    def __init__(self, kernels: CpuKernels, layers: list[LayerWeights]) -> None:
+        if not layers:
+            raise ValueError("a fused decoder needs at least one layer")
         first = layers[0]
         self._shape = (first.hidden, first.heads, first.kv_heads, first.head_dim, first.intermediate)
+        hidden, heads, kv_heads, head_dim, intermediate = self._shape
+        _check_heads(heads, kv_heads, head_dim)
+        self._kernels, self._keep = kernels, layers  # the structs point into the layers' tensors
+        self._layers = kernels.ffi.new("Layer[]", len(layers))
+        p = kernels.pointer
+        for i, w in enumerate(layers):
+            if (w.hidden, w.heads, w.kv_heads, w.head_dim, w.intermediate) != self._shape:
+                raise ValueError(f"layer {i} has shapes unlike layer 0's {self._shape}")
+            _check(f"layer {i} input_norm", w.input_norm, (torch.float32,), (hidden,))
+            _check(f"layer {i} post_norm", w.post_norm, (torch.float32,), (hidden,))
+            q_width, qkv_rows = heads * head_dim, (heads + 2 * kv_heads) * head_dim
+            shapes = {
+                "qkv": (qkv_rows, hidden), "o": (hidden, q_width), "gate_up": (2 * intermediate, hidden),
+                "down": (hidden, intermediate),
+            }  # fmt: skip
+            for name, want in shapes.items():
+                if _check_projection(f"layer {i} {name}", getattr(w, name)) != want:
+                    raise ValueError(f"layer {i} {name} must be [{want[0]}, {want[1]}]")
+            c = self._layers[i]
+            if w.qkv_bias is not None:
+                c.qkv_bias = p(_check(f"layer {i} qkv_bias", w.qkv_bias, (torch.float32,), (qkv_rows,)))
+            if (w.q_norm is None) != (w.k_norm is None):
+                raise ValueError(f"layer {i} needs both q_norm and k_norm, or neither")
+            if w.q_norm is not None and w.k_norm is not None:
+                c.q_norm = p(_check(f"layer {i} q_norm", w.q_norm, (torch.float32,), (head_dim,)))
+                c.k_norm = p(_check(f"layer {i} k_norm", w.k_norm, (torch.float32,), (head_dim,)))
+            c.layer, c.hidden, c.heads, c.kv_heads, c.head_dim, c.intermediate = i, *self._shape
+            c.eps, c.input_norm, c.post_norm = w.eps, p(w.input_norm), p(w.post_norm)
+            for name in shapes:
+                field, buffers = getattr(c, name), getattr(w, name)  # field: a view into the struct
+                if len(buffers) == 3:
+                    field.bits, field.int4.codes, field.int4.scale, field.int4.minimum = 4, *map(p, buffers)
+                else:
+                    field.bits, field.int8.codes, field.int8.scale = 8, *map(p, buffers)
+        self._scratch = torch.empty(0)
+        self._buffer = torch.empty(0)
+        self._step = kernels.ffi.new("Step *")  # refilled every step
 
     def run(
         self,
@@ -274,44 +495,47 @@ class FusedDecoder:
         RoPE rows; the pools: all layers' [layers, slots, kv_heads, head_dim] fp32 or bf16 (the new K/V
         are stored); ``kv_slots``/``kv_lens`` as for ``paged_decode_attention``. Returns (last layer's
         MLP output, the residual stream before it)."""
+        hidden, _, kv_heads, head_dim, _ = self._shape
+        _check("x", x, (torch.float32,), (None, hidden))
         batch = x.shape[0]
-        tensors = [t.contiguous() for t in (x, cos, sin, out_slots, kv_slots, kv_lens)]
-        x, cos, sin, out_slots, kv_slots, kv_lens = tensors
-        scratch = torch.empty(self._lib.decode_layer_scratch(batch, *self._shape))
-        residual, out, buffer = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
-        step = _Step(
-            batch, k_pool.data_ptr(), v_pool.data_ptr(), _kv_bf16(k_pool, v_pool), k_pool[0].numel(), out_slots.data_ptr(), kv_slots.data_ptr(),
-            kv_lens.data_ptr(), kv_slots.shape[1], cos.data_ptr(), sin.data_ptr(), scratch.data_ptr(),
-            torch.get_num_threads(),
-        )  # fmt: skip
-        failed = self._lib.decode_layers(
-            self._layers, len(self._keep), ctypes.byref(step), x.data_ptr(), residual.data_ptr(), out.data_ptr(),
-            buffer.data_ptr(),
-        )  # fmt: skip
-        if failed:
-            raise RuntimeError(f"decode_layers failed ({failed}): attention refused shapes {self._shape}")
+        _check("cos", cos, (torch.float32,), (batch, head_dim))
+        _check("sin", sin, (torch.float32,), (batch, head_dim))
+        _check("k_pool", k_pool, (torch.float32, torch.bfloat16), (None, None, kv_heads, head_dim))
+        if k_pool.shape[0] < len(self._keep):
+            raise ValueError(f"k_pool has {k_pool.shape[0]} layers, the decoder {len(self._keep)}")
+        _check("v_pool", v_pool, (k_pool.dtype,), tuple(k_pool.shape))
+        _check("out_slots", out_slots, (torch.int64,), (batch,))
+        _check("kv_slots", kv_slots, (torch.int64,), (batch, None))
+        _check("kv_lens", kv_lens, (torch.int64,), (batch,))
+        kernels, p = self._kernels, self._kernels.pointer
+        scratch = int(kernels.lib.decode_layer_scratch(batch, *self._shape))
+        if self._scratch.numel() < scratch:
+            self._scratch = torch.empty(scratch)
+        if self._buffer.numel() < batch * hidden:
+            self._buffer = torch.empty(batch * hidden)
+        residual, out = torch.empty_like(x), torch.empty_like(x)
+        step = self._step
+        step.batch, step.k_pool, step.v_pool = batch, p(k_pool), p(v_pool)
+        step.kv_bf16 = int(k_pool.dtype == torch.bfloat16)
+        step.pool_slots, step.pool_layer_stride = k_pool.shape[1], k_pool[0].numel()
+        step.out_slots, step.kv_slots, step.kv_lens = p(out_slots), p(kv_slots), p(kv_lens)
+        step.kv_stride = kv_slots.shape[1]
+        step.cos, step.sin, step.scratch, step.threads = p(cos), p(sin), p(self._scratch), torch.get_num_threads()
+        count = len(self._keep)
+        failed = kernels.lib.decode_layers(self._layers, count, step, p(x), p(residual), p(out), p(self._buffer))
+        kernels.raise_for(f"decode_layers {self._shape}", failed)
         return out, residual
 
 
-@cache
-def cpu_kernels() -> CpuKernels | None:
-    """The kernels built for this host, or None where they cannot be: the reason is logged once."""
-    try:
-        return CpuKernels(_build())
-    except OSError as e:
-        logger.warning("C kernels unavailable, torch's kernels run instead: %s", e)
-        return None
-
-
-def cpu_paths() -> dict[str, str]:
-    """Which code runs the quantized products on this host, in words (the start-up log, the test
-    suite's header): the few-row kernels, and the instructions oneDNN's bf16 GEMM can use for the
-    many-row ones (it asks the kernel for AMX tiles itself, ``arch_prctl(ARCH_REQ_XCOMP_PERM)``)."""
-    kernels = "minisgl C kernels (AVX-512 VNNI)" if cpu_kernels() is not None else "torch's int4/int8 kernels"
+def cpu_paths(kernels: CpuKernels | None) -> dict[str, str]:
+    """Which code runs the quantized products with ``kernels`` on this host, in words (the start-up
+    log, the test suite's header): the few-row kernels, and the instructions oneDNN's bf16 GEMM can
+    use for the many-row ones (it asks the kernel for AMX tiles itself, ``arch_prctl(ARCH_REQ_XCOMP_PERM)``)."""
+    few = f"minisgl C kernels ({kernels.variant.description})" if kernels is not None else "torch's int4/int8 kernels"
     if torch.cpu._is_amx_tile_supported():
         gemm = "AMX-BF16"
     elif torch.cpu._is_avx512_bf16_supported():
         gemm = "AVX-512 BF16"
     else:
         gemm = torch.backends.cpu.get_cpu_capability()
-    return {"few rows": kernels, "many rows": f"bf16 expansion + oneDNN bf16 GEMM ({gemm})"}
+    return {"few rows": few, "many rows": f"bf16 expansion + oneDNN bf16 GEMM ({gemm})"}

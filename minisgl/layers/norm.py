@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minisgl.kernels.native import CpuKernels, cpu_kernels
+from minisgl.kernels.native import CpuKernels
 
 
 class RMSNorm(nn.Module):
@@ -17,6 +17,8 @@ class RMSNorm(nn.Module):
     ``unit_offset`` (Gemma): the checkpoint stores gain - 1, and the product with the gain
     (1 + weight, in float32) is taken before the cast back, as Gemma's RMSNorm does."""
 
+    kernels: CpuKernels | None = None  # the engine's (``DecoderForCausalLM.use_kernels``); None: torch's ops
+
     def __init__(self, size: int, eps: float, unit_offset: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(size) if unit_offset else torch.ones(size))
@@ -27,7 +29,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernels = self._kernels(x)
         if kernels is not None:
-            return kernels.rms_norm(x, self.gain(), self.eps)[0]
+            return kernels.rms_norm(x.contiguous(), self.gain(), self.eps)[0]
         if self.unit_offset:
             return (torch.rms_norm(x.float(), self.shape, eps=self.eps) * self.gain()).to(x.dtype)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
@@ -38,7 +40,7 @@ class RMSNorm(nn.Module):
         """(norm(residual + delta), residual + delta)."""
         kernels = self._kernels(residual)
         if kernels is not None:
-            return kernels.rms_norm(residual, self.gain(), self.eps, delta)
+            return kernels.rms_norm(residual.contiguous(), self.gain(), self.eps, delta.contiguous())
         total = residual + delta
         return self(total), total
 
@@ -48,4 +50,4 @@ class RMSNorm(nn.Module):
 
     def _kernels(self, x: torch.Tensor) -> CpuKernels | None:
         fp32 = x.dtype == torch.float32 and self.weight.dtype == torch.float32
-        return cpu_kernels() if fp32 and x.is_cpu else None
+        return self.kernels if fp32 and x.is_cpu else None

@@ -8,11 +8,11 @@ weight (with its group scales) against fp32's 4. Two formats:
   w = q * scale + minimum: GGUF's Q4_0, Q4_1 and Q4_K store exactly this.
 - ``Int8Weight``: 8-bit symmetric codes with one scale per output row.
 
-Two product paths, chosen by the number of rows (``max_kernel_rows``, measured by
-``benchmarks/many_rows.py``):
+Two product paths, chosen by the number of rows (``max_kernel_rows``: ``minisgl/tuning.py``'s
+crossovers, measured by ``benchmarks/many_rows.py``):
 
 - few rows (decode): ``minisgl/kernels/cpu/quant_gemm.c`` multiplies them with fp32 rows (integer
-  dot products with AVX-512 VNNI, as llama.cpp does). Where it cannot be built, torch's own CPU
+  dot products with AVX-512 VNNI, AVX-VNNI or AVX2, as llama.cpp does). Without it, torch's own CPU
   kernels run instead (``aten._weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm``: bf16
   activations and two casts a product), their packed copies made on first use.
 - many rows (prefill, large decode batches): the weight is expanded to bf16 a band of output rows at
@@ -32,14 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minisgl.kernels.native import Int4Buffers, Matmul, cpu_kernels
+from minisgl.kernels.native import CpuKernels, Int4Buffers, Matmul
+from minisgl.tuning import INT4_MAX_KERNEL_ROWS, INT8_MAX_KERNEL_ROWS
 
 QuantMode = Literal["int4", "int8"]
 INT4_GROUP = 32  # GGUF's block size for Q4_0/Q4_1 and Q4_K's sub-blocks
 INT4_BLOCK = 2 * INT4_GROUP  # the C kernel's unit: two groups' codes in 32 bytes
-# The shared bf16 buffer's largest size (64 MiB): a 1.7B model's largest projection (gate/up,
-# 16384 x 2048) in one band; a larger weight is expanded band by band.
-DEQUANT_BUFFER_ELEMENTS = 1 << 25
 _QUANTIZE_BAND = 4096  # rows of a weight rounded to int8 at once (bounds the fp32 temporaries)
 _INT4_INNER_K_TILES = 2  # torch's int4 packing's tile parameter (2, 4 or 8; 2 divides every K that is a multiple of 32)
 
@@ -82,6 +80,8 @@ class QuantizedWeight(nn.Module):
     out_features: int
     in_features: int
     buffer: DequantBuffer | None = None  # set by the loader: shared by the model's quantized weights
+    # The engine's C kernels (``DecoderForCausalLM.use_kernels``), set before the first product; None: torch's.
+    kernels: CpuKernels | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """On the CPU: the kernels for at most ``max_kernel_rows`` rows, bf16 GEMM on the expanded
@@ -132,8 +132,8 @@ class QuantizedWeight(nn.Module):
 
 class Int4Weight(QuantizedWeight):
     # The integer kernel streams the weight once per 4 rows, so its time grows with every row; past
-    # this many the bf16 expansion and GEMM win (``benchmarks/many_rows.py``).
-    max_kernel_rows = 16
+    # this many the bf16 expansion and GEMM win.
+    max_kernel_rows = INT4_MAX_KERNEL_ROWS
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> None:
         """``codes``: [out, in / 2] uint8 in the C kernel's layout (``from_codes`` builds it);
@@ -216,13 +216,13 @@ class Int4Weight(QuantizedWeight):
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         if self._c_matmul is not None:
-            return self._c_matmul(rows.float())
+            return self._c_matmul(rows.float().contiguous())
         packed, scales_and_zeros = self._torch_packing
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), packed, INT4_GROUP, scales_and_zeros)
 
     @cached_property
     def _c_matmul(self) -> Matmul | None:
-        kernels = cpu_kernels()
+        kernels = self.kernels
         return None if kernels is None else kernels.int4(self.codes, self.scale, self.minimum)
 
     @cached_property
@@ -242,7 +242,7 @@ class Int4Weight(QuantizedWeight):
         return w.view(codes.shape[0], self.in_features)
 
     def expand(self, start: int, out: torch.Tensor) -> None:
-        kernels = cpu_kernels()
+        kernels = self.kernels
         if kernels is not None:
             kernels.int4_dequantize(self.codes, self.scale, self.minimum, start, out)
         else:
@@ -263,7 +263,7 @@ def rtn_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Int8Weight(QuantizedWeight):
-    max_kernel_rows = 32  # the integer kernel beats the bf16 path up to here (``benchmarks/many_rows.py``)
+    max_kernel_rows = INT8_MAX_KERNEL_ROWS  # the integer kernel beats the bf16 path up to here
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor) -> None:
         """``codes``: [out, in] int8; ``scale``: [out]; w = codes * scale row by row."""
@@ -287,13 +287,13 @@ class Int8Weight(QuantizedWeight):
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         if self._c_matmul is not None:
-            return self._c_matmul(rows.float())
+            return self._c_matmul(rows.float().contiguous())
         # bf16 activations (and so scales): the torch kernel's fp32 path measured 10-100x slower past one row.
         return torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.codes, self._bf16_scale)
 
     @cached_property
     def _c_matmul(self) -> Matmul | None:
-        kernels = cpu_kernels() if self.in_features % INT4_GROUP == 0 else None
+        kernels = self.kernels if self.in_features % INT4_GROUP == 0 else None
         return None if kernels is None else kernels.int8(self.codes, self.scale)
 
     @cached_property
@@ -304,7 +304,7 @@ class Int8Weight(QuantizedWeight):
         return self.codes[ids].float() * self.scale[ids].unsqueeze(1)
 
     def expand(self, start: int, out: torch.Tensor) -> None:
-        kernels = cpu_kernels() if self.in_features % 16 == 0 else None
+        kernels = self.kernels if self.in_features % 16 == 0 else None
         if kernels is not None:
             kernels.int8_dequantize(self.codes, self.scale, start, out)
         else:

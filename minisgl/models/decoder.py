@@ -21,15 +21,16 @@ from torch import nn
 
 from minisgl.batch import AttentionContext
 from minisgl.distributed.sharding import HeadShard, even_range, shard_heads
-from minisgl.kernels.native import FusedDecoder, LayerWeights, cpu_kernels
+from minisgl.kernels.native import CpuKernels, FusedDecoder, Int4Buffers, Int8Buffers, LayerWeights
 from minisgl.layers.embedding import VocabEmbedding
 from minisgl.layers.linear import Linear, column, row
 from minisgl.layers.mlp import GatedMLP
 from minisgl.layers.moe import SparseMoE
 from minisgl.layers.norm import RMSNorm
-from minisgl.layers.quant import Int4Weight
+from minisgl.layers.quant import Int4Weight, Int8Weight, QuantizedWeight
 from minisgl.layers.rotary import Rope, RotaryEmbedding, apply_rotary
 from minisgl.models.config import ModelConfig
+from minisgl.tuning import FUSED_DECODE_MAX_BATCH
 
 if TYPE_CHECKING:
     from minisgl.distributed.group import TPGroup
@@ -139,30 +140,47 @@ class DecoderLayer(nn.Module):
         return self.post_feedforward_layernorm(self.mlp(h)), residual
 
     def fused_weights(self) -> LayerWeights | None:
-        """This layer for ``decode_layer.c``, if it is the plain kind it runs: a dense SwiGLU MLP,
-        Llama's two norms, no Q/K norm, the default query scale, no bias, no sharding, every
-        projection int4, fp32 norms."""
+        """This layer for ``decode_layer.c``, if it is a kind it runs: a dense SwiGLU MLP, Llama's two
+        norms, the default query scale, no sharding, every projection int4 or int8 (a multiple of 32
+        input columns), fp32 norms of one eps; a bias on the QKV projection only (Qwen2), Q/K head
+        norms or none (Qwen3)."""
         attn, mlp = self.self_attn, self.mlp
-        if not isinstance(mlp, GatedMLP) or mlp.activation != "silu" or attn.q_norm is not None:
+        if not isinstance(mlp, GatedMLP) or mlp.activation != "silu":
             return None
         if self.pre_feedforward_layernorm is not None or self.input_layernorm.unit_offset or attn.q_scale is not None:
             return None
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
         weights = [m.quantized for m in linears]
-        if any(m.bias is not None or m.partition is not None for m in linears):
+        if any(m.partition is not None for m in linears) or any(m.bias is not None for m in linears[1:]):
             return None
-        norms = (self.input_layernorm, self.post_attention_layernorm)
-        if norms[0].eps != norms[1].eps or any(n.weight.dtype != torch.float32 or not n.weight.is_cpu for n in norms):
+        head_norms = (attn.q_norm, attn.k_norm) if attn.q_norm is not None and attn.k_norm is not None else ()
+        norms = (self.input_layernorm, self.post_attention_layernorm, *head_norms)
+        fp32 = all(n.weight.dtype == torch.float32 and n.weight.is_cpu for n in norms)
+        if len({n.eps for n in norms}) != 1 or not fp32:
             return None
-        int4 = [(w.codes, w.scale, w.minimum) for w in weights if isinstance(w, Int4Weight)]
-        if len(int4) != len(linears):
+        bias = attn.qkv_proj.bias
+        if bias is not None and (bias.dtype != torch.float32 or not bias.is_cpu):
+            return None
+        buffers = [b for w in weights if (b := _kernel_buffers(w)) is not None]
+        if len(buffers) != len(linears):
             return None
         down = weights[3]
         assert down is not None
+        q_norm, k_norm = (n.weight.detach() for n in head_norms) if head_norms else (None, None)
         return LayerWeights(
             down.out_features, attn.num_heads, attn.num_kv_heads, attn.head_dim, down.in_features, norms[0].eps,
-            norms[0].weight.detach(), norms[1].weight.detach(), *int4,
+            norms[0].weight.detach(), norms[1].weight.detach(), *buffers,
+            qkv_bias=None if bias is None else bias.detach(), q_norm=q_norm, k_norm=k_norm,
         )  # fmt: skip
+
+
+def _kernel_buffers(w: QuantizedWeight | None) -> Int4Buffers | Int8Buffers | None:
+    """A quantized weight's buffers as ``decode_layer.c`` takes them, if it takes this one."""
+    if isinstance(w, Int4Weight):
+        return w.codes, w.scale, w.minimum
+    if isinstance(w, Int8Weight) and w.in_features % 32 == 0:
+        return w.codes, w.scale
+    return None
 
 
 def vocab_range(cfg: ModelConfig, tp: TPGroup) -> tuple[int, int]:
@@ -209,6 +227,7 @@ class DecoderForCausalLM(nn.Module):
     on rank 0 (other ranks get their own shard back)."""
 
     style: ClassVar[DecoderStyle] = DecoderStyle()
+    kernels: CpuKernels | None = None  # the engine's C kernels (``use_kernels``); None: torch's
 
     def __init__(self, cfg: ModelConfig, max_positions: int, tp: TPGroup | None = None) -> None:
         super().__init__()
@@ -219,11 +238,19 @@ class DecoderForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def use_kernels(self, kernels: CpuKernels | None) -> None:
+        """Run the C kernels ``kernels`` (None: torch's) wherever this model has a choice: its norms,
+        its quantized weights and its fused decode step. Called once by the loader, before any pass."""
+        self.kernels = kernels
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, QuantizedWeight)):
+                module.kernels = kernels
+
     @cached_property
     def _fused_decoder(self) -> FusedDecoder | None:
         """The decode step as one C call, where every layer can run in ``decode_layer.c``: decided
         at the first forward pass, once the loader has installed the quantized weights."""
-        kernels = cpu_kernels()
+        kernels = self.kernels
         if kernels is None or self.tp is not None or self.model.local_rotary is not None:
             return None
         layers = [layer.fused_weights() for layer in self.model.layers]
@@ -237,11 +264,12 @@ class DecoderForCausalLM(nn.Module):
         x = self.model.embed(input_ids)
         ropes = self.model.ropes(positions, x.dtype)
         fused, paged = self._fused_decoder, ctx.paged
-        if fused is not None and paged is not None and x.dtype == torch.float32 and len(x) <= Int4Weight.max_kernel_rows:
+        if fused is not None and paged is not None and x.dtype == torch.float32 and len(x) <= FUSED_DECODE_MAX_BATCH:
             # The same layers in one C call (decode_layer.c): at one request the Python and small
             # ops between the kernels were a third of the step. Every layer has the same rope then.
+            cos, sin = (t.reshape(len(x), -1) for t in ropes[0])  # [tokens, 1, d] broadcast rows → [tokens, d]
             pools = (paged.k_pool, paged.v_pool)
-            x, residual = fused.run(x, *ropes[0], *pools, paged.out_slots, paged.kv_slots, paged.kv_lens)
+            x, residual = fused.run(x, cos, sin, *pools, paged.out_slots, paged.kv_slots, paged.kv_lens)
         else:
             residual = None
             for layer, rope in zip(self.model.layers, ropes):

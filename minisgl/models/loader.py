@@ -12,6 +12,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from minisgl.kernels.native import CpuKernels
 from minisgl.layers.linear import Linear, Partition, pack_weights
 from minisgl.layers.quant import QuantizedWeight
 from minisgl.models.config import ModelConfig
@@ -189,9 +190,11 @@ def load_model(
     tp: TPGroup | None = None,
     quantization: str = "none",
     gguf_file: Path | None = None,
+    kernels: CpuKernels | None = None,
 ) -> DecoderForCausalLM:
     """The model, or with ``tp`` this rank's shard of it. ``quantization``: see ``models.quantize``;
-    ``gguf_file``: the weights' file (``folder`` then holds its config and tokenizer only)."""
+    ``gguf_file``: the weights' file (``folder`` then holds its config and tokenizer only);
+    ``kernels``: the C kernels the model runs on the CPU (None: torch's)."""
     check_mode(quantization)
     cfg = ModelConfig.from_folder(folder)
     cls = model_class(cfg.architecture)
@@ -211,6 +214,7 @@ def load_model(
     model = model.to(device=device, dtype=dtype).eval()
     apply_quantization(specs, plan, dtype, device)
     pack_weights(model)
+    model.use_kernels(kernels if device.type == "cpu" else None)
     return model
 
 

@@ -27,7 +27,6 @@ import torch
 from minisgl.layers.embedding import VocabEmbedding
 from minisgl.layers.linear import Linear, Partition
 from minisgl.layers.quant import (
-    DEQUANT_BUFFER_ELEMENTS,
     INT4_BLOCK,
     DequantBuffer,
     Int4Weight,
@@ -35,6 +34,7 @@ from minisgl.layers.quant import (
     QuantizedWeight,
     quantize_weight,
 )
+from minisgl.tuning import DEQUANT_BUFFER_ELEMENTS
 from minisgl.models.gguf_tensors import INT4_EXACT, INT8_NEAREST, GGUFTensors
 
 QUANTIZATION_MODES = ("auto", "none", "int4", "int8")

@@ -15,18 +15,7 @@ import torch
 from minisgl.kernels.ops import fast_compare_key
 from minisgl.request import Req
 from minisgl.scheduler.cache_manager import CacheManager
-
-# Past this many waiting requests LPM's per-request prefix match would dominate: fall back to FCFS.
-LPM_MAX_QUEUE = 128
-# A waiting request that shares at least this many uncached tokens with one being prefilled now
-# waits one round and then reuses that request's KV instead of computing the same prefix again.
-SHARED_PREFIX_MIN = 32
-# Fairness under mixed load: waiting prompts of at most 1/SHORT_PROMPT_DIVISOR of the token budget
-# are admitted first, in arrival order, with up to 1/SHORT_LANE_DIVISOR of each pass's budget. A
-# short prompt then waits about one pass, not behind every long prompt (and chunk) queued before it;
-# long prompts keep the rest of every pass, and all of it while no short prompt waits.
-SHORT_PROMPT_DIVISOR = 8
-SHORT_LANE_DIVISOR = 4
+from minisgl.tuning import LPM_MAX_QUEUE, SHARED_PREFIX_MIN, SHORT_LANE_DIVISOR, SHORT_PROMPT_DIVISOR
 
 
 @dataclass

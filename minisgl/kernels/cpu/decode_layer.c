@@ -2,10 +2,10 @@
 // them. Through Python the same chain is ~15 calls and ~25 small torch ops a layer, about a third
 // of a step at one request on 2 cores.
 //
-// The layer is the plain Llama one (minisgl/models/decoder.py): RMSNorm, fused QKV (int4), RoPE,
-// paged attention (which stores the new K/V), output projection (int4), residual add and
-// RMSNorm, fused gate/up (int4), SiLU(gate) * up, down projection (int4). Each row is one request's
-// new token.
+// The layer is minisgl/models/decoder.py's with a dense MLP: RMSNorm, fused QKV (plus its bias for
+// Qwen2), Q/K head norms (Qwen3), RoPE, paged attention (which stores the new K/V), output projection,
+// residual add and RMSNorm, fused gate/up, SiLU(gate) * up, down projection; each projection int4 or
+// int8. Each row is one request's new token. The structs (Layer, Step) are declared in kernels.h, the boundary.
 
 #include <math.h>
 #include <stdint.h>
@@ -13,31 +13,12 @@
 
 #include "kernels.h"
 
-typedef struct {
-    const uint8_t *codes;
-    const uint16_t *scale, *minimum;
-} Int4;
-
-// What one layer is: its shapes and weights (built once).
-typedef struct {
-    int64_t layer, hidden, heads, kv_heads, head_dim, intermediate;
-    float eps;
-    const float *input_norm, *post_norm;  // [hidden]
-    Int4 qkv, o, gate_up, down;
-} Layer;
-
-// What one decode step is, the same for every layer.
-typedef struct {
-    int64_t batch;
-    void *k_pool, *v_pool;                 // all layers' [layers, slots, kv_heads, head_dim]
-    int kv_bf16;                           // the pools' dtype: bf16, else fp32
-    int64_t pool_layer_stride;             // elements per layer of the pools
-    const int64_t *out_slots, *kv_slots, *kv_lens;
-    int64_t kv_stride;                     // entries per row of kv_slots
-    const float *cos, *sin;                // [batch, head_dim], sin's first half negated
-    float *scratch;                        // decode_layer_scratch() floats
-    int threads;
-} Step;
+// y [rows, N] = x [rows, K] W^T through the weight's own kernel.
+static int project(const Projection *w, const float *x, int64_t rows, int64_t K, int64_t N, float *y, int threads) {
+    if (w->bits == 4) return int4_matmul(x, rows, K, w->int4.codes, w->int4.scale, w->int4.minimum, N, y, threads);
+    if (w->bits == 8) return int8_matmul(x, rows, K, w->int8.codes, w->int8.scale, N, y, threads);
+    return KERNELS_BAD_SHAPE;
+}
 
 int64_t decode_layer_scratch(int64_t batch, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
                              int64_t intermediate) {
@@ -47,8 +28,8 @@ int64_t decode_layer_scratch(int64_t batch, int64_t hidden, int64_t heads, int64
 
 // delta: [batch, hidden], added to the residual stream `residual` (in place) unless `first`,
 // where delta is the stream itself (copied in); out: [batch, hidden], the MLP's output, which
-// the next layer adds. Returns nonzero if attention refused its shapes.
-int decode_layer(const Layer *l, const Step *s, const float *delta, int first, float *residual, float *out) {
+// the next layer adds. Returns a kernel's error code, or KERNELS_OK.
+static int decode_layer(const Layer *l, const Step *s, const float *delta, int first, float *residual, float *out) {
     const int64_t b = s->batch, d = l->head_dim, qk_heads = l->heads + l->kv_heads;
     const int64_t qkv_width = (qk_heads + l->kv_heads) * d, kv_width = l->kv_heads * d, q_width = l->heads * d;
     float *h = s->scratch, *qkv = h + b * l->hidden, *qk = qkv + b * qkv_width, *q = qk + b * qk_heads * d;
@@ -64,29 +45,39 @@ int decode_layer(const Layer *l, const Step *s, const float *delta, int first, f
     } else {
         rms_norm(residual, delta, residual, l->input_norm, b, l->hidden, l->eps, h, s->threads);
     }
-    int4_matmul(h, b, l->hidden, l->qkv.codes, l->qkv.scale, l->qkv.minimum, qkv_width, qkv, s->threads);
+    int failed = project(&l->qkv, h, b, l->hidden, qkv_width, qkv, s->threads);
+    if (failed) return failed;
+    if (l->qkv_bias != NULL)
+        for (int64_t r = 0; r < b; r++)
+            for (int64_t i = 0; i < qkv_width; i++) qkv[r * qkv_width + i] += l->qkv_bias[i];
+    if (l->q_norm != NULL)  // in place, one row per head (rms_norm reads each value before writing it)
+        for (int64_t r = 0; r < b; r++) {
+            float *row = qkv + r * qkv_width;
+            rms_norm(row, 0, 0, l->q_norm, l->heads, d, l->eps, row, 1);
+            rms_norm(row + q_width, 0, 0, l->k_norm, l->kv_heads, d, l->eps, row + q_width, 1);
+        }
     rotary(qkv, qkv_width, b, qk_heads, d, s->cos, s->sin, qk);
     for (int64_t r = 0; r < b; r++) {  // attention takes Q, K and V contiguous per request
         memcpy(q + r * q_width, qk + r * qk_heads * d, sizeof(float) * (size_t)q_width);
         memcpy(k + r * kv_width, qk + r * qk_heads * d + q_width, sizeof(float) * (size_t)kv_width);
         memcpy(v + r * kv_width, qkv + r * qkv_width + qk_heads * d, sizeof(float) * (size_t)kv_width);
     }
-    const int failed = paged_decode_attention(q, k, v, s->out_slots, k_pool, v_pool, s->kv_bf16, s->kv_slots, s->kv_stride,
-                                              s->kv_lens, b, l->heads, l->kv_heads, d, 1.0f / sqrtf((float)d), attn,
-                                              s->threads);
+    failed = paged_decode_attention(q, k, v, s->out_slots, k_pool, v_pool, s->pool_slots, s->kv_bf16, s->kv_slots,
+                                    s->kv_stride, s->kv_lens, b, l->heads, l->kv_heads, d, 1.0f / sqrtf((float)d),
+                                    attn, s->threads);
     if (failed) return failed;
-    int4_matmul(attn, b, q_width, l->o.codes, l->o.scale, l->o.minimum, l->hidden, o, s->threads);
+    failed = project(&l->o, attn, b, q_width, l->hidden, o, s->threads);
+    if (failed) return failed;
     rms_norm(residual, o, residual, l->post_norm, b, l->hidden, l->eps, h, s->threads);
-    int4_matmul(h, b, l->hidden, l->gate_up.codes, l->gate_up.scale, l->gate_up.minimum, 2 * l->intermediate, gate_up,
-                s->threads);
+    failed = project(&l->gate_up, h, b, l->hidden, 2 * l->intermediate, gate_up, s->threads);
+    if (failed) return failed;
     const int64_t n = l->intermediate;
     for (int64_t r = 0; r < b; r++)
         for (int64_t i = 0; i < n; i++) {
             const float g = gate_up[r * 2 * n + i];
             act[r * n + i] = g / (1.0f + expf(-g)) * gate_up[r * 2 * n + n + i];
         }
-    int4_matmul(act, b, n, l->down.codes, l->down.scale, l->down.minimum, l->hidden, out, s->threads);
-    return 0;
+    return project(&l->down, act, b, n, l->hidden, out, s->threads);
 }
 
 // All `count` layers in turn: x [batch, hidden] is the embedded input; out receives the last
@@ -102,5 +93,5 @@ int decode_layers(const Layer *layers, int64_t count, const Step *s, const float
         if (failed) return failed;
         delta = target;
     }
-    return 0;
+    return KERNELS_OK;
 }

@@ -1,29 +1,103 @@
-// The kernels' entry points, shared by decode_layer.c (which chains them) and native.py (ctypes).
+// The kernels' boundary: every struct and entry point the Python side calls, declared once.
+// native.py reads this file (cffi parses it: plain declarations only, no macros or inline code)
+// and binds the library through it. The helpers the sources share internally are in simd.h.
+//
+// Each entry point has a plain C reference (`*_ref`), compiled into every library and exported, that
+// the tests check the library's SIMD body against. Functions that return int return 0 on success,
+// else one of these codes.
 #pragma once
-#include <immintrin.h>
 #include <stdint.h>
 
-// fp32 -> bf16, rounded to nearest even (torch's cast): the pool's and the dequantized weights' rounding.
-static inline __m256i round_to_bf16(__m512 v) {
-    const __m512i bits = _mm512_castps_si512(v);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
-}
+enum {
+    KERNELS_OK = 0,
+    KERNELS_BAD_SHAPE = 1,
+    KERNELS_NO_MEMORY = 2,
+    KERNELS_BAD_OUT_SLOT = 3,  // an out_slots entry outside the pool
+    KERNELS_BAD_KV_LEN = 4,    // a kv_lens entry outside [0, kv_slots' row length]
+    KERNELS_BAD_KV_SLOT = 5,   // an attended kv_slots entry outside the pool
+};
 
-void int4_matmul(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
-                 const uint16_t *minimum, int64_t N, float *y, int threads);
-void int8_matmul(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
-                 float *y, int threads);
+// One int4 weight: codes [N, K / 2] in quant_gemm.c's layout, fp16 scale and minimum [N, K / 32].
+typedef struct {
+    const uint8_t *codes;
+    const uint16_t *scale, *minimum;
+} Int4;
+
+// One int8 weight: codes [N, K] int8, fp32 scale [N] (one per output row).
+typedef struct {
+    const int8_t *codes;
+    const float *scale;
+} Int8;
+
+// A projection of decode_layer.c: the weight that `bits` (4 or 8) names is set.
+typedef struct {
+    int bits;
+    Int4 int4;
+    Int8 int8;
+} Projection;
+
+// What one layer is for decode_layer.c: its shapes and weights (built once).
+typedef struct {
+    int64_t layer, hidden, heads, kv_heads, head_dim, intermediate;
+    float eps;
+    const float *input_norm, *post_norm;  // [hidden]
+    Projection qkv, o, gate_up, down;
+    const float *qkv_bias;         // [(heads + 2 kv_heads) * head_dim] added to the QKV product (Qwen2), or NULL
+    const float *q_norm, *k_norm;  // [head_dim]: each head of Q and K RMS-normalised before RoPE (Qwen3), or NULL
+} Layer;
+
+// What one decode step is, the same for every layer.
+typedef struct {
+    int64_t batch;
+    void *k_pool, *v_pool;      // all layers' [layers, slots, kv_heads, head_dim]
+    int kv_bf16;                // the pools' dtype: bf16, else fp32
+    int64_t pool_slots;         // slots per layer of the pools
+    int64_t pool_layer_stride;  // elements per layer of the pools
+    const int64_t *out_slots, *kv_slots, *kv_lens;
+    int64_t kv_stride;          // entries per row of kv_slots
+    const float *cos, *sin;     // [batch, head_dim], sin's first half negated
+    float *scratch;             // decode_layer_scratch() floats
+    int threads;
+} Step;
+
+// The instruction set this library's SIMD bodies were compiled for: "avx512", "avxvnni", "avx2", or
+// "scalar" (the references only).
+const char *kernels_variant(void);
+
+int int4_matmul(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+                const uint16_t *minimum, int64_t N, float *y, int threads);
+int int4_matmul_ref(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+                    const uint16_t *minimum, int64_t N, float *y);
+int int8_matmul(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
+                float *y, int threads);
+int int8_matmul_ref(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
+                    float *y);
+
+void int4_dequantize_bf16(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K,
+                          int64_t row0, int64_t rows, uint16_t *out, int threads);
+void int4_dequantize_bf16_ref(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K,
+                              int64_t row0, int64_t rows, uint16_t *out);
+void int8_dequantize_bf16(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows,
+                          uint16_t *out, int threads);
+void int8_dequantize_bf16_ref(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows,
+                              uint16_t *out);
+
+// The slots and lengths are checked against `slots` (the pool's) and `stride` before anything is written.
 int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,
-                           void *v_pool, int kv_bf16, const int64_t *kv_slots, int64_t stride, const int64_t *kv_lens,
-                           int64_t batch, int64_t heads, int64_t kv_heads, int64_t d, float scale, float *out,
-                           int threads);
+                           void *v_pool, int64_t slots, int kv_bf16, const int64_t *kv_slots, int64_t stride,
+                           const int64_t *kv_lens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t d,
+                           float scale, float *out, int threads);
+int paged_decode_attention_ref(const float *q, const float *k, const float *v, const int64_t *out_slots,
+                               void *k_pool, void *v_pool, int64_t slots, int kv_bf16, const int64_t *kv_slots,
+                               int64_t stride, const int64_t *kv_lens, int64_t batch, int64_t heads,
+                               int64_t kv_heads, int64_t d, float scale, float *out);
+
 void rms_norm(const float *x, const float *delta, float *sum_out, const float *weight, int64_t rows, int64_t n,
               float eps, float *out, int threads);
 void rotary(const float *x, int64_t stride, int64_t tokens, int64_t heads, int64_t d, const float *cos,
             const float *sin, float *out);
-void int4_dequantize_bf16(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K,
-                          int64_t row0, int64_t rows, uint16_t *out, int threads);
-void int8_dequantize_bf16(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows,
-                          uint16_t *out, int threads);
+
+int64_t decode_layer_scratch(int64_t batch, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                             int64_t intermediate);
+int decode_layers(const Layer *layers, int64_t count, const Step *s, const float *x, float *residual, float *out,
+                  float *buffer);

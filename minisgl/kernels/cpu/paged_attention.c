@@ -9,59 +9,158 @@
 //
 // Threads: (request, KV head) pairs are split over `threads` OpenMP threads.
 
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 
 #include "kernels.h"
-#include <stdlib.h>
-#include <string.h>
+#include "simd.h"
 
 #define MAX_GROUP 16  // query heads per KV head
+#define DIM_STEP 16   // head_dim must be a multiple of this (every body's vector width divides it)
 
-// 16 values of a pool row (fp32, or bf16 widened) starting at element `at`.
-static inline __m512 load_kv(const void *pool, int64_t at, int bf16) {
+// q: [batch, heads, d]; k, v: [batch, kv_heads, d], stored at out_slots[b] of k_pool, v_pool:
+// [slots, kv_heads, d] (one layer's, bf16 if kv_bf16 else fp32); kv_slots: [batch, stride] slot of
+// each key, the first kv_lens[b] of each row attended; out: [batch, heads, d]. The slots and lengths
+// are checked before anything is written (a pass over batch x attended keys: little beside the
+// dot products).
+static int check_arguments(const int64_t *out_slots, int64_t slots, const int64_t *kv_slots, int64_t stride,
+                           const int64_t *kv_lens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t d) {
+    if (d % DIM_STEP || kv_heads < 1 || heads % kv_heads || heads / kv_heads > MAX_GROUP) return KERNELS_BAD_SHAPE;
+    for (int64_t b = 0; b < batch; b++) {
+        if (out_slots[b] < 0 || out_slots[b] >= slots) return KERNELS_BAD_OUT_SLOT;
+        if (kv_lens[b] < 0 || kv_lens[b] > stride) return KERNELS_BAD_KV_LEN;
+        for (int64_t j = 0; j < kv_lens[b]; j++)
+            if (kv_slots[b * stride + j] < 0 || kv_slots[b * stride + j] >= slots) return KERNELS_BAD_KV_SLOT;
+    }
+    return KERNELS_OK;
+}
+
+static float read_kv(const void *pool, int64_t at, int bf16) {
+    return bf16 ? float_of_bf16(((const uint16_t *)pool)[at]) : ((const float *)pool)[at];
+}
+
+static void store_kv_plain(void *pool, int64_t at, const float *x, int64_t count, int bf16) {
+    for (int64_t i = 0; i < count; i++) {
+        if (bf16)
+            ((uint16_t *)pool)[at + i] = bf16_of(x[i]);
+        else
+            ((float *)pool)[at + i] = x[i];
+    }
+}
+
+int paged_decode_attention_ref(const float *q, const float *k, const float *v, const int64_t *out_slots,
+                               void *k_pool, void *v_pool, int64_t slots, int kv_bf16, const int64_t *kv_slots,
+                               int64_t stride, const int64_t *kv_lens, int64_t batch, int64_t heads,
+                               int64_t kv_heads, int64_t d, float scale, float *out) {
+    const int invalid = check_arguments(out_slots, slots, kv_slots, stride, kv_lens, batch, heads, kv_heads, d);
+    if (invalid) return invalid;
+    const int64_t group = heads / kv_heads, row = kv_heads * d;
+    for (int64_t b = 0; b < batch; b++) {
+        store_kv_plain(k_pool, out_slots[b] * row, k + b * row, row, kv_bf16);
+        store_kv_plain(v_pool, out_slots[b] * row, v + b * row, row, kv_bf16);
+    }
+    int64_t longest = 1;
+    for (int64_t b = 0; b < batch; b++) longest = kv_lens[b] > longest ? kv_lens[b] : longest;
+    float *scores = malloc(sizeof(float) * (size_t)longest);
+    if (scores == NULL) return KERNELS_NO_MEMORY;
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t h = 0; h < heads; h++) {
+            const int64_t kv = h / group, n = kv_lens[b];
+            const float *qh = q + (b * heads + h) * d;
+            float top = -INFINITY, total = 0.0f;
+            for (int64_t j = 0; j < n; j++) {
+                const int64_t key = (kv_slots[b * stride + j] * kv_heads + kv) * d;
+                float s = 0.0f;
+                for (int64_t i = 0; i < d; i++) s += qh[i] * read_kv(k_pool, key + i, kv_bf16);
+                scores[j] = s * scale;
+                top = fmaxf(top, scores[j]);
+            }
+            for (int64_t j = 0; j < n; j++) {
+                scores[j] = expf(scores[j] - top);
+                total += scores[j];
+            }
+            float *oh = out + (b * heads + h) * d;
+            for (int64_t i = 0; i < d; i++) {
+                float acc = 0.0f;
+                for (int64_t j = 0; j < n; j++)
+                    acc += scores[j] * read_kv(v_pool, (kv_slots[b * stride + j] * kv_heads + kv) * d + i, kv_bf16);
+                oh[i] = acc / (total > 0.0f ? total : 1.0f);
+            }
+        }
+    free(scores);
+    return KERNELS_OK;
+}
+
+#if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
+
+#if defined(KERNELS_AVX512)
+typedef __m512 VecF;
+#define WIDTH 16
+#define vec_zero _mm512_setzero_ps
+#define vec_set1 _mm512_set1_ps
+#define vec_load _mm512_loadu_ps
+#define vec_store _mm512_storeu_ps
+#define vec_fmadd _mm512_fmadd_ps
+#define vec_div _mm512_div_ps
+#define vec_sum _mm512_reduce_add_ps
+// WIDTH values of a pool row (fp32, or bf16 widened) starting at element `at`.
+static inline VecF load_kv(const void *pool, int64_t at, int bf16) {
     if (!bf16) return _mm512_loadu_ps((const float *)pool + at);
     const __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)pool + at));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
+static inline void store_bf16(uint16_t *to, VecF x) { _mm256_storeu_si256((__m256i *)to, round_to_bf16_512(x)); }
+#else
+typedef __m256 VecF;
+#define WIDTH 8
+#define vec_zero _mm256_setzero_ps
+#define vec_set1 _mm256_set1_ps
+#define vec_load _mm256_loadu_ps
+#define vec_store _mm256_storeu_ps
+#define vec_fmadd _mm256_fmadd_ps
+#define vec_div _mm256_div_ps
+#define vec_sum sum256
+static inline VecF load_kv(const void *pool, int64_t at, int bf16) {
+    if (!bf16) return _mm256_loadu_ps((const float *)pool + at);
+    const __m128i half = _mm_loadu_si128((const __m128i *)((const uint16_t *)pool + at));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+static inline void store_bf16(uint16_t *to, VecF x) { _mm_storeu_si128((__m128i *)to, round_to_bf16_256(x)); }
+#endif
 
 static inline float dot(const float *a, const void *pool, int64_t at, int64_t d, int bf16) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < d; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load_kv(pool, at + i, bf16), acc);
-    return _mm512_reduce_add_ps(acc);
+    VecF acc = vec_zero();
+    for (int64_t i = 0; i < d; i += WIDTH) acc = vec_fmadd(vec_load(a + i), load_kv(pool, at + i, bf16), acc);
+    return vec_sum(acc);
 }
 
-// `count` fp32 values (a multiple of 16) into the pool at element `at`.
+// `count` fp32 values (a multiple of WIDTH) into the pool at element `at`.
 static void store_kv(void *pool, int64_t at, const float *x, int64_t count, int bf16) {
     if (!bf16) {
         memcpy((float *)pool + at, x, sizeof(float) * (size_t)count);
         return;
     }
-    for (int64_t i = 0; i < count; i += 16)
-        _mm256_storeu_si256((__m256i *)((uint16_t *)pool + at + i), round_to_bf16(_mm512_loadu_ps(x + i)));
+    for (int64_t i = 0; i < count; i += WIDTH) store_bf16((uint16_t *)pool + at + i, vec_load(x + i));
 }
 
-// q: [batch, heads, d]; k, v: [batch, kv_heads, d], stored at out_slots[b] of k_pool, v_pool:
-// [slots, kv_heads, d] (one layer's, bf16 if kv_bf16 else fp32); kv_slots: [batch, stride] slot of
-// each key, the first kv_lens[b] of each row attended; out: [batch, heads, d]. d must be a multiple
-// of 16.
 int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,
-                           void *v_pool, int kv_bf16, const int64_t *kv_slots, int64_t stride, const int64_t *kv_lens,
-                           int64_t batch, int64_t heads, int64_t kv_heads, int64_t d, float scale, float *out,
-                           int threads) {
+                           void *v_pool, int64_t slots, int kv_bf16, const int64_t *kv_slots, int64_t stride,
+                           const int64_t *kv_lens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t d,
+                           float scale, float *out, int threads) {
+    const int invalid = check_arguments(out_slots, slots, kv_slots, stride, kv_lens, batch, heads, kv_heads, d);
+    if (invalid) return invalid;
     const int64_t group = heads / kv_heads, row = kv_heads * d;
-    if (d % 16 || heads % kv_heads || group > MAX_GROUP) return 1;
     for (int64_t b = 0; b < batch; b++) {
         store_kv(k_pool, out_slots[b] * row, k + b * row, row, kv_bf16);
         store_kv(v_pool, out_slots[b] * row, v + b * row, row, kv_bf16);
     }
-    int64_t longest = 0;
+    int64_t longest = 1;
     for (int64_t b = 0; b < batch; b++) longest = kv_lens[b] > longest ? kv_lens[b] : longest;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        float *scores = malloc(sizeof(float) * (size_t)(group * (longest > 0 ? longest : 1)));
+        static _Thread_local Scratch scratch;  // each thread's scores, kept for its next call
+        float *scores = scratch_reserve(&scratch, sizeof(float) * (size_t)(group * longest));
         if (scores == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -92,19 +191,31 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
                 }
                 total[g] = sum;
             }
-            // Accumulate the weighted values 16 dimensions at a time for every query head.
-            for (int64_t i = 0; i < d; i += 16) {
-                __m512 acc[MAX_GROUP];
-                for (int64_t g = 0; g < group; g++) acc[g] = _mm512_setzero_ps();
+            // Accumulate the weighted values WIDTH dimensions at a time for every query head.
+            for (int64_t i = 0; i < d; i += WIDTH) {
+                VecF acc[MAX_GROUP];
+                for (int64_t g = 0; g < group; g++) acc[g] = vec_zero();
                 for (int64_t j = 0; j < n; j++) {
-                    const __m512 value = load_kv(v_pool, (slots[j] * kv_heads + h) * d + i, kv_bf16);
-                    for (int64_t g = 0; g < group; g++) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g * n + j]), value, acc[g]);
+                    const VecF value = load_kv(v_pool, (slots[j] * kv_heads + h) * d + i, kv_bf16);
+                    for (int64_t g = 0; g < group; g++) acc[g] = vec_fmadd(vec_set1(scores[g * n + j]), value, acc[g]);
                 }
                 for (int64_t g = 0; g < group; g++)
-                    _mm512_storeu_ps(oh + g * d + i, _mm512_div_ps(acc[g], _mm512_set1_ps(total[g] > 0.0f ? total[g] : 1.0f)));
+                    vec_store(oh + g * d + i, vec_div(acc[g], vec_set1(total[g] > 0.0f ? total[g] : 1.0f)));
             }
         }
-        free(scores);
     }
-    return failed ? 2 : 0;
+    return failed ? KERNELS_NO_MEMORY : KERNELS_OK;
 }
+
+#else  // no SIMD: the reference is the body
+
+int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,
+                           void *v_pool, int64_t slots, int kv_bf16, const int64_t *kv_slots, int64_t stride,
+                           const int64_t *kv_lens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t d,
+                           float scale, float *out, int threads) {
+    (void)threads;
+    return paged_decode_attention_ref(q, k, v, out_slots, k_pool, v_pool, slots, kv_bf16, kv_slots, stride, kv_lens,
+                                      batch, heads, kv_heads, d, scale, out);
+}
+
+#endif

@@ -1,0 +1,54 @@
+"""The engine's tuning constants, one home for all: figures chosen from a measurement (or, where the
+comment says so, by design with no script that re-measures them). Each names the benchmark script
+that measures it; re-run that script on a new kind of machine before changing one.
+
+Layer 0: every unit that uses one (layers, attention, models, config, scheduler) can import it.
+"""
+
+from __future__ import annotations
+
+# -- quantized products (``layers/quant.py``) ------------------------------------------------------
+# Rows up to which the integer kernels (``kernels/cpu/quant_gemm.c``, the weight streamed once per 4
+# rows) beat expanding the weight to bf16 and torch's bf16 GEMM: ``python -m benchmarks.many_rows``
+# (its "faster" column, at the 135M and 1.7B shapes; ``--kernels c:avx2`` for the AVX2 build).
+INT4_MAX_KERNEL_ROWS = 16
+INT8_MAX_KERNEL_ROWS = 32
+# The bf16 buffer the many-row products expand their weight into (64 MiB): a 1.7B model's largest
+# projection (gate/up, 16384 x 2048) in one band, a larger weight band by band. A size by design;
+# ``benchmarks.many_rows`` runs the 1.7B shapes with it.
+DEQUANT_BUFFER_ELEMENTS = 1 << 25
+
+# -- the single-call decode step (``models/decoder.py``, ``kernels/cpu/decode_layer.c``) -----------
+# Most requests one fused decode step takes: its products are the int4 kernels, so past their
+# crossover (``INT4_MAX_KERNEL_ROWS``, ``benchmarks.many_rows``) the layer-by-layer path, whose
+# products switch to bf16 GEMM, is faster.
+FUSED_DECODE_MAX_BATCH = INT4_MAX_KERNEL_ROWS
+
+# -- attention (``attention/``) ----------------------------------------------------------------------
+# A KV run shared by at least this many slots is attended once for its group (``CascadeDecode``);
+# a shorter one is cheaper to gather per request. By design; no script re-measures it.
+MIN_SHARED_PREFIX = 64
+# Prefix-extending prefills are padded to a common shape per call; a bucket may cost at most this
+# many times its unpadded work (query-key pairs) before the next request starts a new bucket. By
+# design; no script re-measures it.
+MAX_PADDING_COST = 1.5
+
+# -- prefill planning (``scheduler/prefill.py``, ``config.py``) --------------------------------------
+# Token budget of one prefill pass (``EngineConfig.max_prefill_tokens``'s default): longer prompts are
+# chunked. Time to first token under load by prompt length: ``python -m benchmarks.mixed_load``;
+# throughput: ``python -m benchmarks.throughput_sweep``.
+MAX_PREFILL_TOKENS = 2048
+# Fairness under mixed load: waiting prompts of at most 1/SHORT_PROMPT_DIVISOR of the token budget
+# are admitted first, in arrival order, with up to 1/SHORT_LANE_DIVISOR of each pass's budget. A
+# short prompt then waits about one pass, not behind every long prompt (and chunk) queued before it;
+# long prompts keep the rest of every pass, and all of it while no short prompt waits.
+# ``python -m benchmarks.mixed_load`` (p50 / p99 TTFT, in passes, by prompt-length bucket).
+SHORT_PROMPT_DIVISOR = 8
+SHORT_LANE_DIVISOR = 4
+# Past this many waiting requests LPM's per-request prefix match would dominate: fall back to FCFS.
+# By design; no script re-measures it.
+LPM_MAX_QUEUE = 128
+# A waiting request that shares at least this many uncached tokens with one being prefilled now
+# waits one round and then reuses that request's KV instead of computing the same prefix again.
+# By design; no script re-measures it.
+SHARED_PREFIX_MIN = 32

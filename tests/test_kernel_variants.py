@@ -1,0 +1,261 @@
+"""The C kernels' builds (AVX-512 VNNI, AVX2 + AVX-VNNI, AVX2 + FMA): which one a CPU gets, each body
+against the plain C reference its library exports and against torch on the dequantized weight, and
+the boundary refusing what the C code cannot read. Every variant this CPU can execute runs (an AVX2
+build runs on an AVX-512 machine); the others skip, saying so."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from minisgl.config import EngineConfig
+from minisgl.kernels import native
+from minisgl.kernels.native import VARIANTS, CpuKernels, LayerWeights, host_variants, resolve_kernels
+from minisgl.layers.quant import Int4Weight, Int8Weight
+from minisgl.tuning import INT4_MAX_KERNEL_ROWS, INT8_MAX_KERNEL_ROWS
+from tests.conftest import c_kernels_or_skip
+
+AVX2 = frozenset({"avx2", "fma", "f16c"})
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
+# The SIMD bodies sum the same integers as the references in another order: fp32 rounding only.
+REFERENCE_TOLERANCE = 1e-5
+# Against torch on the dequantized weight: the activations rounded to 15 bits (int4) or int16 (int8).
+TORCH_TOLERANCE = 2e-3
+
+
+@pytest.fixture(params=[v.name for v in VARIANTS])
+def kernels(request: pytest.FixtureRequest) -> CpuKernels:
+    return c_kernels_or_skip(f"c:{request.param}")
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (AVX512 | {"avx_vnni"}, ["avx512", "avxvnni", "avx2"]),  # Sapphire Rapids
+        (AVX512, ["avx512", "avx2"]),  # Zen 4, Ice Lake: no AVX-VNNI
+        (AVX2 | {"avx_vnni"}, ["avxvnni", "avx2"]),  # Alder Lake
+        (AVX2, ["avx2"]),  # Haswell .. Zen 3
+        (frozenset({"avx", "sse4_2", "f16c"}), []),  # Sandy / Ivy Bridge: torch's kernels
+        (AVX2 - {"fma"}, []),
+    ],
+)
+def test_host_variants_follow_the_cpu_flags(flags: frozenset[str], expected: list[str]) -> None:
+    assert [v.name for v in host_variants(flags)] == expected
+
+
+def test_a_cpu_without_any_variant_runs_torch_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    old = frozenset({"avx", "sse4_2"})
+    with caplog.at_level(logging.WARNING, logger="minisgl.kernels"):
+        assert resolve_kernels("auto", old) is None
+    assert "torch's kernels run instead" in caplog.text and "AVX2" in caplog.text
+    with pytest.raises(RuntimeError, match="cannot run here"):
+        resolve_kernels("c", old)
+    with pytest.raises(RuntimeError, match="cannot run the avx512 variant"):
+        resolve_kernels("c:avx512", AVX2)
+    assert resolve_kernels("torch") is None
+
+
+def test_a_failing_compiler_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # exits 1 for every source
+    with pytest.raises(OSError, match="false failed for avx2"):
+        native._build(VARIANTS[-1])
+    assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-built is left to load
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_a_library_without_every_declared_kernel_is_refused(tmp_path: Path) -> None:
+    source = tmp_path / "partial.c"
+    source.write_text('const char *kernels_variant(void) { return "avx2"; }\n')
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "partial.so"), str(source)], check=True)
+    with pytest.raises(OSError, match="partial.so lacks decode_layer_scratch, which kernels.h declares"):
+        CpuKernels(tmp_path / "partial.so", VARIANTS[-1])
+
+
+def test_an_unknown_kernel_choice_is_rejected() -> None:
+    with pytest.raises(ValueError, match="kernels must be one of .*c:avx2"):
+        EngineConfig(kernels="c:sse2")
+
+
+def test_the_library_is_the_variant_asked_for(kernels: CpuKernels) -> None:
+    assert kernels.ffi.string(kernels.lib.kernels_variant()).decode() == kernels.variant.name
+    assert resolve_kernels(f"c:{kernels.variant.name}") is kernels  # built once, then shared
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp(min=1e-30)).item()
+
+
+@pytest.mark.parametrize("n, k", [(1, 64), (37, 192), (100, 576), (5, 2048)])
+def test_int4_product_against_the_reference_and_torch(kernels: CpuKernels, n: int, k: int) -> None:
+    g = torch.Generator().manual_seed(n * k)
+    weight = Int4Weight.quantize(torch.randn(n, k, generator=g))
+    buffers = (weight.codes, weight.scale, weight.minimum)
+    simd, reference = kernels.int4(*buffers), kernels.int4(*buffers, reference=True)
+    for rows in (*range(1, 10), INT4_MAX_KERNEL_ROWS):  # one to several passes of four rows, odd remainders, the most
+        x = torch.randn(rows, k, generator=g) * 3
+        y = simd(x)
+        assert y.shape == (rows, n)
+        assert relative_error(y, reference(x)) < REFERENCE_TOLERANCE, rows
+        assert relative_error(y, x.double() @ weight.dequantize().double().T) < TORCH_TOLERANCE, rows
+
+
+@pytest.mark.parametrize("n, k", [(1, 32), (65, 96), (7, 4096 + 160)])  # the last one crosses an int32 chunk
+def test_int8_product_against_the_reference_and_torch(kernels: CpuKernels, n: int, k: int) -> None:
+    g = torch.Generator().manual_seed(n + k)
+    weight = Int8Weight.quantize(torch.randn(n, k, generator=g))
+    simd, reference = kernels.int8(weight.codes, weight.scale), kernels.int8(weight.codes, weight.scale, reference=True)
+    for rows in (1, 2, 3, 4, 5, 6, INT8_MAX_KERNEL_ROWS):
+        x = torch.randn(rows, k, generator=g)
+        y = simd(x)
+        assert relative_error(y, reference(x)) < REFERENCE_TOLERANCE, rows
+        assert relative_error(y, x.double() @ weight.dequantize().double().T) < TORCH_TOLERANCE, rows
+
+
+def test_largest_int8_values_stay_inside_the_int32_sums(kernels: CpuKernels) -> None:
+    """Every code at +-127 and x at its largest: each chunk's int32 lane sums are at their bound."""
+    k = 4096 * 2
+    codes = torch.full((3, k), 127, dtype=torch.int8)
+    codes[1] = -127
+    x = torch.ones(2, k)
+    y = kernels.int8(codes, torch.ones(3))(x)
+    torch.testing.assert_close(y, x @ codes.float().T, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("n, k", [(3, 64), (40, 320)])
+def test_dequantized_bands_equal_the_reference_and_torch(kernels: CpuKernels, n: int, k: int) -> None:
+    g = torch.Generator().manual_seed(k)
+    dense = torch.randn(n, k, generator=g)
+    int4, int8 = Int4Weight.quantize(dense), Int8Weight.quantize(dense)
+    for start, rows in ((0, n), (1, n - 2), (n - 1, 1)):
+        simd, reference = (torch.empty(rows, k, dtype=torch.bfloat16) for _ in range(2))
+        kernels.int4_dequantize(int4.codes, int4.scale, int4.minimum, start, simd)
+        kernels.int4_dequantize(int4.codes, int4.scale, int4.minimum, start, reference, reference=True)
+        assert torch.equal(simd, reference)
+        assert torch.equal(simd, int4.dequantize()[start : start + rows].bfloat16())
+        kernels.int8_dequantize(int8.codes, int8.scale, start, simd)
+        kernels.int8_dequantize(int8.codes, int8.scale, start, reference, reference=True)
+        assert torch.equal(simd, reference)
+        assert torch.equal(simd, int8.dequantize()[start : start + rows].bfloat16())
+
+
+def softmax_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """q [heads, d] over keys/values [n, kv_heads, d] → [heads * d], in fp64."""
+    group = q.shape[0] // keys.shape[1]
+    keys, values = keys.double().repeat_interleave(group, 1), values.double().repeat_interleave(group, 1)
+    scores = torch.einsum("hd,nhd->hn", q.double(), keys) / q.shape[1] ** 0.5
+    return torch.einsum("hn,nhd->hd", scores.softmax(-1), values).flatten()
+
+
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads, kv_heads, d", [(4, 4, 16), (6, 2, 32), (16, 1, 64)])
+def test_paged_attention_against_the_reference_and_torch(
+    kernels: CpuKernels, pool_dtype: torch.dtype, heads: int, kv_heads: int, d: int
+) -> None:
+    g = torch.Generator().manual_seed(heads * d)
+    slots, lens = 600, [1, 37, 250]
+    batch = len(lens)
+    pool = [torch.randn(slots, kv_heads, d, generator=g).to(pool_dtype) for _ in range(2)]
+    kv_slots = torch.stack([torch.randperm(slots, generator=g)[:256] for _ in lens])
+    kv_lens = torch.tensor(lens)
+    out_slots = kv_slots[torch.arange(batch), kv_lens - 1]  # each new token is its request's last key
+    q = torch.randn(batch, heads, d, generator=g)
+    k, v = (torch.randn(batch, kv_heads, d, generator=g) for _ in range(2))
+    outputs, pools = [], []
+    for reference in (False, True):
+        k_pool, v_pool = (p.clone() for p in pool)
+        args = (q, k, v, out_slots, k_pool, v_pool, kv_slots, kv_lens)
+        outputs.append(kernels.paged_decode_attention(*args, reference=reference))
+        pools.append((k_pool, v_pool))
+    (simd, reference), ((k_pool, v_pool), (k_ref, v_ref)) = outputs, pools
+    assert torch.equal(k_pool, k_ref) and torch.equal(v_pool, v_ref)  # the same stored (rounded) K/V
+    assert torch.equal(k_pool[out_slots], k.to(pool_dtype))
+    assert relative_error(simd, reference) < REFERENCE_TOLERANCE
+    for b, n in enumerate(lens):
+        keys, values = k_pool[kv_slots[b, :n]], v_pool[kv_slots[b, :n]]
+        assert relative_error(simd[b], softmax_attention(q[b], keys.float(), values.float())) < REFERENCE_TOLERANCE
+
+
+# -- the boundary ---------------------------------------------------------------------------------
+def test_products_refuse_what_the_c_code_cannot_read(kernels: CpuKernels) -> None:
+    weight = Int4Weight.quantize(torch.randn(8, 128))
+    matmul = kernels.int4(weight.codes, weight.scale, weight.minimum)
+    with pytest.raises(ValueError, match=r"x must have shape \[\*, 128\], got \[2, 64\]"):
+        matmul(torch.randn(2, 64))
+    with pytest.raises(ValueError, match="x must be torch.float32, got torch.float64"):
+        matmul(torch.randn(2, 128, dtype=torch.float64))
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        matmul(torch.randn(128, 2).T)
+    with pytest.raises(ValueError, match="x must be on the CPU, got meta"):
+        matmul(torch.empty(2, 128, device="meta"))
+    with pytest.raises(ValueError, match="int4 weight scale must have shape"):
+        kernels.int4(weight.codes, weight.scale[:, :2].contiguous(), weight.minimum)
+    with pytest.raises(ValueError, match="int4 weight minimum must be torch.float16"):
+        kernels.int4(weight.codes, weight.scale, weight.minimum.float())
+    with pytest.raises(ValueError, match="int8 weight codes must have a multiple of 32 columns"):
+        kernels.int8(torch.zeros(4, 48, dtype=torch.int8), torch.ones(4))
+    with pytest.raises(ValueError, match="out must be torch.bfloat16"):
+        kernels.int4_dequantize(weight.codes, weight.scale, weight.minimum, 0, torch.empty(2, 128))
+    with pytest.raises(ValueError, match="rows 7..9 outside the weight's 8"):
+        kernels.int4_dequantize(weight.codes, weight.scale, weight.minimum, 7, torch.empty(2, 128).bfloat16())
+    with pytest.raises(ValueError, match="delta must have shape"):
+        kernels.rms_norm(torch.randn(3, 16), torch.ones(16), 1e-5, torch.randn(2, 16))
+
+
+def test_paged_attention_refuses_mismatched_arguments(kernels: CpuKernels) -> None:
+    pool = torch.zeros(10, 2, 16)
+    good = {
+        "q": torch.randn(2, 4, 16), "k": torch.randn(2, 2, 16), "v": torch.randn(2, 2, 16),
+        "out_slots": torch.tensor([0, 1]), "k_pool": pool, "v_pool": pool.clone(),
+        "kv_slots": torch.tensor([[0, 3], [1, 2]]), "kv_lens": torch.tensor([2, 1]),
+    }  # fmt: skip
+    kernels.paged_decode_attention(**good)
+    bad = [
+        ("kv_lens", good["kv_lens"].int(), "kv_lens must be torch.int64"),
+        ("kv_lens", torch.tensor([3, 1]), "kv_lens holds a length outside"),
+        ("kv_lens", torch.tensor([-1, 1]), "kv_lens holds a length outside"),
+        ("out_slots", torch.tensor([0, 10]), "out_slots holds a slot outside the pool"),
+        ("kv_slots", torch.tensor([[0, 10], [1, 2]]), "kv_slots holds an attended slot outside the pool"),
+        ("k", torch.randn(2, 3, 16), r"k must have shape \[2, 2, 16\]"),
+        ("v_pool", pool.bfloat16(), "v_pool must be torch.float32"),
+        ("q", torch.randn(2, 3, 16), "1-16 query heads per KV head"),
+        ("kv_slots", torch.tensor([[0, 3], [1, 2]]).T, "kv_slots must be contiguous"),
+    ]
+    for name, value, message in bad:
+        with pytest.raises(ValueError, match=message):
+            kernels.paged_decode_attention(**{**good, name: value})
+
+
+def test_the_decode_step_refuses_mismatched_arguments(kernels: CpuKernels) -> None:
+    hidden, heads, kv_heads, d, intermediate = 64, 4, 2, 16, 128
+
+    def int4(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        w = Int4Weight.quantize(torch.randn(n, k))
+        return w.codes, w.scale, w.minimum
+
+    layer = LayerWeights(
+        hidden, heads, kv_heads, d, intermediate, 1e-5, torch.ones(hidden), torch.ones(hidden),
+        int4((heads + 2 * kv_heads) * d, hidden), int4(hidden, heads * d), int4(2 * intermediate, hidden),
+        int4(hidden, intermediate),
+    )  # fmt: skip
+    decoder = kernels.fused_decoder([layer])
+    pools = (torch.zeros(1, 8, kv_heads, d), torch.zeros(1, 8, kv_heads, d))
+    x, rope = torch.randn(1, hidden), (torch.ones(1, d), torch.zeros(1, d))
+    slots = (torch.tensor([0]), torch.tensor([[0, 1]]), torch.tensor([1]))
+    out, residual = decoder.run(x, *rope, *pools, *slots)
+    assert out.shape == residual.shape == (1, hidden) and bool(out.isfinite().all())
+    with pytest.raises(ValueError, match=r"x must have shape \[\*, 64\]"):
+        decoder.run(torch.randn(1, 32), *rope, *pools, *slots)
+    with pytest.raises(ValueError, match="kv_slots holds an attended slot outside the pool"):
+        decoder.run(x, *rope, *pools, slots[0], torch.tensor([[8, 0]]), slots[2])
+    before = [p.clone() for p in pools]
+    with pytest.raises(ValueError, match="out_slots holds a slot outside the pool"):
+        decoder.run(x, *rope, *pools, torch.tensor([-1]), *slots[1:])
+    assert all(torch.equal(a, b) for a, b in zip(before, pools))  # refused before anything was stored
+    with pytest.raises(ValueError, match=r"layer 0 down must be \[64, 128\]"):
+        kernels.fused_decoder([LayerWeights(**{**layer.__dict__, "down": int4(hidden, 64)})])
