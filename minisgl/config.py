@@ -69,8 +69,10 @@ class EngineConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.speculative_ngram_max < self.speculative_ngram_min:
-            message = f"speculative_ngram_max ({self.speculative_ngram_max}) must be >= speculative_ngram_min ({self.speculative_ngram_min})"
-            raise ValueError(message)
+            raise ValueError(
+                f"speculative_ngram_max ({self.speculative_ngram_max}) must be >= "
+                f"speculative_ngram_min ({self.speculative_ngram_min})"
+            )
         for name in ("tp_size", "nnodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

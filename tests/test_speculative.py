@@ -274,14 +274,17 @@ def test_aborts_and_rejected_drafts_leave_the_kv_balanced(spec: LLM) -> None:
         step += 1
         if step in (4, 8, 12):
             scheduler.abort(reqs[step // 4 + 4].rid)  # repetitive prompts: they draft
-    assert stats.accepted_draft_tokens > accepted and stats.draft_tokens - drafted > stats.accepted_draft_tokens - accepted
+    assert stats.accepted_draft_tokens > accepted  # some drafts kept, some rejected
+    assert stats.draft_tokens - drafted > stats.accepted_draft_tokens - accepted
     assert [r.finish_reason for r in reqs].count("abort") == 3
     assert_idle_balanced(spec)
 
 
 def test_seeded_sampling_is_the_same_with_and_without_drafts(plain: LLM, spec: LLM) -> None:
     prompts = tiny_prompts()
-    params = [SamplingParams(max_tokens=30, temperature=0.7, top_p=0.95, seed=s, ignore_eos=True) for s in range(len(prompts))]
+    params = [
+        SamplingParams(max_tokens=30, temperature=0.7, top_p=0.95, seed=s, ignore_eos=True) for s in range(len(prompts))
+    ]
     reference = ids(run(plain, prompts, params))
     before = spec.stats()["accepted_draft_tokens"]
     assert ids(run(spec, prompts, params)) == reference
@@ -299,7 +302,8 @@ def test_sampled_distribution_is_unchanged(plain: LLM, spec: LLM) -> None:
 
     def sample(llm: LLM, first_seed: int) -> Counter[tuple[int, ...]]:
         params = [
-            SamplingParams(max_tokens=3, temperature=2.0, top_k=3, seed=first_seed + i, ignore_eos=True) for i in range(n)
+            SamplingParams(max_tokens=3, temperature=2.0, top_k=3, seed=seed, ignore_eos=True)
+            for seed in range(first_seed, first_seed + n)
         ]
         return Counter(tuple(o["token_ids"]) for o in run(llm, [prompt] * n, params))
 
@@ -335,7 +339,8 @@ def test_options_are_checked_and_reach_the_config() -> None:
         EngineConfig(speculative_max_draft=0)
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
-    args = parser.parse_args(["--speculative-algorithm", "ngram", "--speculative-max-draft", "5", "--speculative-ngram-min", "3"])
+    flags = ["--speculative-algorithm", "ngram", "--speculative-max-draft", "5", "--speculative-ngram-min", "3"]
+    args = parser.parse_args(flags)
     config = config_from_args(args)
     assert (config.speculative_algorithm, config.speculative_max_draft, config.speculative_ngram_min) == ("ngram", 5, 3)
     with pytest.raises(SystemExit):
@@ -346,6 +351,6 @@ def test_metrics_show_drafts(spec: LLM) -> None:
     snapshot = spec.scheduler.snapshot()
     assert snapshot.counters.draft_tokens > 0
     text = ServerMetrics(lambda: snapshot).render().decode()
-    for name in ("minisgl_draft_tokens", "minisgl_accepted_draft_tokens", "minisgl_draft_acceptance_rate", "minisgl_tokens_per_step"):
-        assert name in text
+    for name in ("draft_tokens", "accepted_draft_tokens", "draft_acceptance_rate", "tokens_per_step"):
+        assert f"minisgl_{name}" in text
     assert StatsSnapshot().as_dict()["acceptance_rate"] == 0.0

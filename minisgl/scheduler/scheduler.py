@@ -78,11 +78,11 @@ class Scheduler:
         self.eos_ids = frozenset(eos)
         self.grammars = GrammarCompiler(tokenizer, engine.model_config.vocab_size, sorted(self.eos_ids))
         self.jump_forward = config.jump_forward
-        self.drafter = (
-            NgramDrafter(cache, config.speculative_max_draft, config.speculative_ngram_min, config.speculative_ngram_max)
-            if config.speculative_algorithm == "ngram"
-            else None
-        )
+        self.drafter: NgramDrafter | None = None
+        if config.speculative_algorithm == "ngram":
+            self.drafter = NgramDrafter(
+                cache, config.speculative_max_draft, config.speculative_ngram_min, config.speculative_ngram_max
+            )
         self._grammar_steps = ThreadPoolExecutor(GRAMMAR_WORKERS, "minisgl-grammar-step")
         # Running requests whose grammar is taking their last sampled token; they sit out the passes.
         self._advancing: dict[Req, Future[list[int]]] = {}
@@ -192,7 +192,8 @@ class Scheduler:
             draft = work.drafts.get(req, [])
             rows = range(row, row + len(draft) + 1)
             row = rows.stop
-            outputs += self._take_sampled(req, draft, [next_ids[r] for r in rows], [sampled.errors.get(r) for r in rows])
+            errors = [sampled.errors.get(r) for r in rows]
+            outputs += self._take_sampled(req, draft, [next_ids[r] for r in rows], errors)
         # Grammar work takes microseconds for most grammars: waited for, so their tokens go out now.
         wait([self._advancing[r] for r in work.sampled if r in self._advancing], timeout=GRAMMAR_STEP_WAIT_S)
         return outputs + self._take_advanced()
@@ -231,7 +232,9 @@ class Scheduler:
             self.cache_manager.commit(req, finished=False)
         self.stats.record_pass(work.prefill_tokens, work.decode_tokens, kv_read, len(work.sampled), elapsed)
 
-    def _take_sampled(self, req: Req, draft: list[int], tokens: list[int], errors: list[str | None]) -> list[TokenOutput]:
+    def _take_sampled(
+        self, req: Req, draft: list[int], tokens: list[int], errors: list[str | None]
+    ) -> list[TokenOutput]:
         """The tokens sampled for ``req``: after its last token, then after each of its draft tokens.
         Draft token i is kept when the token sampled before it is the same (scheduler/speculative.py
         says why that leaves the output's distribution unchanged); the first sampled token that

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from minisgl.kvcache.base import PrefixCache
@@ -34,9 +33,8 @@ PROBE_INTERVAL = 16
 class _DraftState:
     """What the drafter keeps of one request between passes."""
 
-    tokens: np.ndarray  # room for every token the request can ever have; ``[:indexed]`` filled in
     draft_len: int
-    indexed: int = 0
+    indexed: int = 0  # how many of the request's tokens ``next_after`` has seen
     # n-gram -> position of the token after its latest occurrence (only occurrences something follows)
     next_after: dict[tuple[int, ...], int] = field(default_factory=dict)
     use_tree: bool = True  # off once the tree holds nothing after the request's context
@@ -81,10 +79,8 @@ class NgramDrafter:
     def _state(self, req: Req) -> _DraftState:
         state = self._states.get(req)
         if state is None:
-            room = np.empty(req.prompt_len + req.params.max_tokens, dtype=np.int64)
-            state = self._states[req] = _DraftState(room, self.max_draft)
+            state = self._states[req] = _DraftState(self.max_draft)
         ids = req.token_ids
-        state.tokens[state.indexed : len(ids)] = ids[state.indexed :]
         for pos in range(max(state.indexed, 1), len(ids)):
             for n in self.ngram_sizes:
                 if n <= pos:
@@ -94,8 +90,7 @@ class NgramDrafter:
 
     def _propose(self, req: Req, state: _DraftState, length: int) -> list[int]:
         if state.use_tree:
-            context = torch.from_numpy(state.tokens[: state.indexed])
-            draft = self.cache.continuation(context, req.namespace, length)
+            draft = self.cache.continuation(torch.tensor(req.token_ids), req.namespace, length)
             if draft:
                 return draft
             state.use_tree = False  # its context has left what the tree holds: it rarely comes back

@@ -25,7 +25,8 @@ class EngineStats:
     prefill_decode_tokens: int = 0  # tokens of decoding requests riding along prefill passes
     decode_seconds: float = 0.0  # wall time of decode steps (forward and sampling)
     decode_steps: int = 0
-    decode_tokens: int = 0  # tokens computed by decode steps: one per request, more after a jump-forward
+    # tokens computed by decode steps: one per request, more after a jump-forward or with a draft
+    decode_tokens: int = 0
     decode_kv_tokens: int = 0  # KV entries attended over all decode steps (what decode reads)
     samples: int = 0  # times a request was sampled: once per pass each, with or without a draft
     draft_tokens: int = 0  # speculative decoding: draft tokens verified
@@ -44,7 +45,9 @@ class EngineStats:
         """Tokens a request gains per pass it is sampled in (jump-forward aside): 1 without speculation."""
         return (self.samples + self.accepted_draft_tokens) / self.samples if self.samples else 0.0
 
-    def record_pass(self, prefill_tokens: int, decode_tokens: int, kv_tokens: int, samples: int, seconds: float) -> None:
+    def record_pass(
+        self, prefill_tokens: int, decode_tokens: int, kv_tokens: int, samples: int, seconds: float
+    ) -> None:
         """Book one forward pass by what its requests computed: ``prefill_tokens`` prompt tokens,
         ``decode_tokens`` after the prompt, attending ``kv_tokens`` KV entries in all; ``samples``
         requests were sampled."""
@@ -71,7 +74,8 @@ class StatsSnapshot(msgspec.Struct, tag=True):
     memory: dict[str, int] = {}  # bytes by part: weights, kv_pool, dequant_buffer (Engine.memory)
 
     def as_dict(self) -> dict[str, Any]:
-        """Flat: every counter, ``hit_rate``, ``acceptance_rate``, ``tokens_per_step``, ``running``, ``waiting``, ``kv_<state>`` and ``memory_<part>_bytes``."""
+        """Flat: every counter, ``hit_rate``, ``acceptance_rate``, ``tokens_per_step``, ``running``,
+        ``waiting``, ``kv_<state>`` and ``memory_<part>_bytes``."""
         return {
             **asdict(self.counters),
             "hit_rate": self.counters.hit_rate,
