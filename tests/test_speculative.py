@@ -174,7 +174,7 @@ def run(llm: LLM, prompts: list[str] | list[list[int]], params: SamplingParams |
 
 
 def test_smollm_greedy_is_the_same_with_drafts_alone_and_batched(speculating: LLM) -> None:
-    params = SamplingParams(max_tokens=32)
+    params = SamplingParams(max_tokens=24)
     drafter, speculating.scheduler.drafter = speculating.scheduler.drafter, None
     plain = [o["token_ids"] for o in run(speculating, COPY_PROMPTS, params)]
     speculating.flush_cache()
@@ -185,7 +185,7 @@ def test_smollm_greedy_is_the_same_with_drafts_alone_and_batched(speculating: LL
     assert [o["token_ids"] for o in run(speculating, COPY_PROMPTS, params)] == plain
     stats = speculating.stats()
     accepted = stats["accepted_draft_tokens"] - before["accepted_draft_tokens"]
-    assert accepted > 32  # the copy prompts are copied
+    assert accepted > 24  # the copy prompts are copied
     assert stats["tokens_per_step"] > 1.0 and 0.0 < stats["acceptance_rate"] <= 1.0
 
 

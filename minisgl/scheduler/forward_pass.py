@@ -19,7 +19,7 @@ class ForwardPass:
     sampled: list[Req]  # the requests sampled, in the order of their rows in ``batch.sample_rows``
     prefilled: list[Req]  # the requests computing prompt tokens (a chunk of the prompt, or its end)
     prefill_tokens: int  # prompt tokens computed
-    decode_tokens: int  # tokens computed after the prompt: one per request, more after a jump-forward or with a draft
+    decode_tokens: int  # computed after the prompt: one per request, more after a jump-forward or with a draft
     # Speculative decoding: the draft tokens computed after a request's tokens; such a request has one
     # sampled row for its last token and one after each draft token
     drafts: dict[Req, list[int]] = field(default_factory=dict)
