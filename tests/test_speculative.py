@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -154,38 +154,31 @@ def test_continuation_with_pages(page_size: int) -> None:
 
 
 # -- end to end on SmolLM2 ---------------------------------------------------------------------
-@pytest.fixture
-def speculating(fresh_smollm: LLM) -> Iterator[LLM]:
-    """The shared engine with n-gram speculation switched on for one test (and off again after it)."""
-    scheduler = fresh_smollm.scheduler
-    config = EngineConfig(speculative_algorithm="ngram")
-    scheduler.drafter = NgramDrafter(
-        scheduler.cache_manager.cache,
-        config.speculative_max_draft,
-        config.speculative_ngram_min,
-        config.speculative_ngram_max,
-    )
-    yield fresh_smollm
-    scheduler.drafter = None
-
-
-def run(llm: LLM, prompts: list[str] | list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[dict]:
+def run(llm: LLM, prompts: list[str] | list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Any]:
     return llm.generate(prompts, params, use_tqdm=False)  # type: ignore[arg-type]
 
 
-def test_smollm_greedy_is_the_same_with_drafts_alone_and_batched(speculating: LLM) -> None:
-    params = SamplingParams(max_tokens=24)
-    drafter, speculating.scheduler.drafter = speculating.scheduler.drafter, None
-    plain = [o["token_ids"] for o in run(speculating, COPY_PROMPTS, params)]
-    speculating.flush_cache()
-    speculating.scheduler.drafter = drafter
-    before = speculating.stats()
-    assert run(speculating, COPY_PROMPTS[:1], params)[0]["token_ids"] == plain[0]
-    speculating.flush_cache()  # the batch drafts from the prompts, not from the tree
-    assert [o["token_ids"] for o in run(speculating, COPY_PROMPTS, params)] == plain
-    stats = speculating.stats()
-    accepted = stats["accepted_draft_tokens"] - before["accepted_draft_tokens"]
-    assert accepted > 24  # the copy prompts are copied
+def test_smollm_greedy_is_the_same_with_drafts_alone_and_batched(fresh_smollm: LLM) -> None:
+    llm, params = fresh_smollm, SamplingParams(max_tokens=24)
+    plain = [o["token_ids"] for o in run(llm, COPY_PROMPTS, params)]
+    llm.flush_cache()
+    defaults = EngineConfig(speculative_algorithm="ngram")
+    # The shared engine, with speculation switched on for this test only.
+    llm.scheduler.drafter = NgramDrafter(
+        llm.scheduler.cache_manager.cache,
+        defaults.speculative_max_draft,
+        defaults.speculative_ngram_min,
+        defaults.speculative_ngram_max,
+    )
+    try:
+        before = llm.stats()
+        assert run(llm, COPY_PROMPTS[:1], params)[0]["token_ids"] == plain[0]
+        llm.flush_cache()  # the batch drafts from the prompts, not from the tree
+        assert [o["token_ids"] for o in run(llm, COPY_PROMPTS, params)] == plain
+        stats = llm.stats()
+    finally:
+        llm.scheduler.drafter = None
+    assert stats["accepted_draft_tokens"] - before["accepted_draft_tokens"] > 24  # the copy prompts are copied
     assert stats["tokens_per_step"] > 1.0 and 0.0 < stats["acceptance_rate"] <= 1.0
 
 
@@ -211,7 +204,7 @@ def tiny_prompts() -> list[list[int]]:
     return [*randoms, [5, 6, 7, 8, 9, 10] * 6, [300, 301] * 20 + [7], randoms[3] * 3]
 
 
-def ids(outputs: list[dict]) -> list[list[int]]:
+def ids(outputs: list[Any]) -> list[list[int]]:
     return [o["token_ids"] for o in outputs]
 
 
@@ -348,6 +341,7 @@ def test_options_are_checked_and_reach_the_config() -> None:
 
 
 def test_metrics_show_drafts(spec: LLM) -> None:
+    run(spec, [[300, 301] * 20 + [7]], SamplingParams(max_tokens=20, ignore_eos=True))
     snapshot = spec.scheduler.snapshot()
     assert snapshot.counters.draft_tokens > 0
     text = ServerMetrics(lambda: snapshot).render().decode()
