@@ -77,6 +77,7 @@ class NgramDrafter:
         self._states.pop(req, None)
 
     def _state(self, req: Req) -> _DraftState:
+        """The request's state, its n-gram index brought up to date with the tokens it has now."""
         state = self._states.get(req)
         if state is None:
             state = self._states[req] = _DraftState(self.max_draft)
