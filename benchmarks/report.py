@@ -136,7 +136,7 @@ def markdown(report: dict[str, Any], figures: list[str]) -> str:
         c = report["config"]
         load = (
             f"Poisson rate {c['request_rate']}/s, max concurrency {c['max_concurrency'] or 'none'}; sessions "
-            "concurrent, each sending its turns in order; single-stream: one request at a time"
+            "concurrent, each sending its turns in order; single-stream and copy: one request at a time"
         )
         lines += [f"## Online (OpenAI streaming API; {load})", ""]
         header = [

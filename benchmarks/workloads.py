@@ -18,7 +18,8 @@ from benchmarks.corpus import CHAT_MESSAGES, GUIDELINES, PERSONAS, QUESTIONS
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-WORKLOADS = ("shared-prefix", "multi-turn", "random", "single-stream", "long-prompt")
+WORKLOADS = ("shared-prefix", "multi-turn", "random", "single-stream", "long-prompt", "copy")
+COPY_CUE_LEN = 8  # tokens of the context a copy prompt ends with: where the answer picks up
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,9 @@ class Sizes:
     long_prompts: int = 2
     long_len: int = 2000
     long_output_len: int = 8
+    copy_prompts: int = 4
+    copy_context_len: int = 512
+    copy_output_len: int = 128
 
 
 class TokenSource(Protocol):
@@ -176,6 +180,20 @@ def long_prompt(src: TokenSource, rng: random.Random, s: Sizes) -> Workload:
     return Workload("long-prompt", rounds, s.long_output_len, max_concurrency=1)
 
 
+def copy_heavy(src: TokenSource, tokenizer: PreTrainedTokenizerBase, rng: random.Random, s: Sizes) -> Workload:
+    """One user asking for text the prompt already holds (editing a given text, quoting a long context):
+    ``copy_prompts`` requests, one at a time, each a context of ``copy_context_len`` tokens, an instruction
+    to repeat it word for word from a point on, and the context's first tokens from that point. An answer
+    of ``copy_output_len`` tokens can copy the context: where speculative decoding's n-gram drafts help."""
+    instruction = tokenizer.encode("\n\nRepeat the text above word for word, from here on:\n", add_special_tokens=False)
+    rounds = []
+    for i in range(s.copy_prompts):
+        context = src.take(rng.sample(GUIDELINES, len(GUIDELINES)), s.copy_context_len)
+        start = rng.randrange(max(1, len(context) - s.copy_output_len - COPY_CUE_LEN))
+        rounds.append([Turn(i, context + instruction + context[start : start + COPY_CUE_LEN])])
+    return Workload("copy", rounds, s.copy_output_len, max_concurrency=1)
+
+
 def build(
     names: Sequence[str], tokenizer: PreTrainedTokenizerBase, sizes: Sizes, seed: int, token_source: str = "text"
 ) -> list[Workload]:
@@ -194,6 +212,8 @@ def build(
             workloads.append(single_stream(src, rng, sizes))
         elif name == "long-prompt":
             workloads.append(long_prompt(src, rng, sizes))
+        elif name == "copy":
+            workloads.append(copy_heavy(src, tokenizer, rng, sizes))
         else:
             raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
     return workloads

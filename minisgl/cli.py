@@ -43,6 +43,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--num-threads", type=int, default=None, help="torch threads on CPU, per rank (default: all cores, shared out among the ranks of a node)")
     g.add_argument("--seed", type=int, default=d.seed, help="seed for requests that sample without their own seed")
     g.add_argument("--no-jump-forward", action="store_false", dest="jump_forward", help="constrained requests sample every token, even those their grammar forces")
+    g.add_argument(
+        "--speculative-algorithm", default=d.speculative_algorithm, choices=["none", "ngram"],
+        help="ngram: draft tokens copied from the request's own context and the radix tree, verified in one pass",
+    )  # fmt: skip
+    g.add_argument("--speculative-max-draft", type=int, default=d.speculative_max_draft, help="most draft tokens per request and pass")
+    g.add_argument("--speculative-ngram-min", type=int, default=d.speculative_ngram_min, help="shortest suffix looked up for a draft")
+    g.add_argument("--speculative-ngram-max", type=int, default=d.speculative_ngram_max, help="longest suffix looked up for a draft")
     g.add_argument("--tp-size", type=int, default=d.tp_size, help="tensor-parallel ranks (processes), in all nodes")
     g.add_argument("--nnodes", type=int, default=d.nnodes, help="machines the tensor-parallel ranks span")
     g.add_argument("--node-rank", type=int, default=d.node_rank, help="this machine's index (0 runs the scheduler)")

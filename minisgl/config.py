@@ -38,6 +38,12 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads on CPU (per rank); None = all cores / ranks per node
     seed: int = 0
     jump_forward: bool = True  # constrained requests append the text their grammar forces without sampling it
+    # none | ngram: decoding requests propose tokens copied from their own context or the radix tree,
+    # verified together in one pass (scheduler/speculative.py)
+    speculative_algorithm: str = "none"
+    speculative_max_draft: int = 8  # most tokens proposed for one request in one pass
+    speculative_ngram_min: int = 2  # shortest suffix of a request's tokens looked up in its earlier tokens
+    speculative_ngram_max: int = 4  # longest (tried first)
     tp_size: int = 1  # tensor-parallel ranks in all (1: no process group at all)
     nnodes: int = 1  # machines the ranks are spread over (tp_size / nnodes ranks each)
     node_rank: int = 0  # this machine's index; node 0 runs the scheduler
@@ -63,6 +69,16 @@ class EngineConfig:
         ATTENTION_BACKENDS.get(self.attention_backend)
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(f"schedule_policy must be lpm or fcfs, got {self.schedule_policy!r}")
+        if self.speculative_algorithm not in ("none", "ngram"):
+            raise ValueError(f"speculative_algorithm must be none or ngram, got {self.speculative_algorithm!r}")
+        for name in ("speculative_max_draft", "speculative_ngram_min"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.speculative_ngram_max < self.speculative_ngram_min:
+            raise ValueError(
+                f"speculative_ngram_max ({self.speculative_ngram_max}) must be >= "
+                f"speculative_ngram_min ({self.speculative_ngram_min})"
+            )
         for name in ("tp_size", "nnodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

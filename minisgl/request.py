@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from minisgl.constrained.compiler import PendingGrammar
 from minisgl.constrained.matcher import GrammarMatcher
 from minisgl.kvcache.base import CacheHandle
@@ -28,7 +26,6 @@ class Req:
     params: SamplingParams
     namespace: str | None = None  # cache_salt: requests only share cache entries within one namespace
     prompt_len: int = field(init=False)
-    generator: torch.Generator | None = None
     grammar: GrammarMatcher | None = None  # what the output must match, advanced token by token
     pending_grammar: PendingGrammar | None = None  # compiling off the loop: not admitted until it is done
     row: int = -1  # page-table row while admitted

@@ -19,6 +19,7 @@ MAX_TEMPERATURE = 100.0
 # Seeds, like every integer the engine keeps, must fit a signed 64-bit integer (torch generators
 # and the msgpack messages of the server).
 MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1
+_U64 = 2**64 - 1
 # Stop conditions are checked on every token, so their number and length bound the cost per token.
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -155,7 +156,7 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 @dataclass
 class SamplingRows:
-    """Per sampled row of a batch: its parameters and its request's generator (None: greedy or unseeded)."""
+    """Per sampled row of a batch: its parameters and generator (None: greedy or unseeded)."""
 
     params: list[SamplingParams] = field(default_factory=list)
     generators: list[torch.Generator | None] = field(default_factory=list)
@@ -170,16 +171,19 @@ class Sampled:
 
 class Sampler:
     """Samples one token per row. Greedy rows are one batched argmax; other rows draw from their own
-    generator so that a seeded request is reproducible whatever batch it lands in."""
+    generator (``generator_for``) so that a seeded request is reproducible whatever batch it lands in."""
 
     def __init__(self, seed: int = 0) -> None:
         self._default_generator = torch.Generator().manual_seed(seed)
 
     @staticmethod
-    def generator_for(params: SamplingParams) -> torch.Generator | None:
+    def generator_for(params: SamplingParams, position: int) -> torch.Generator | None:
+        """The generator of a seeded request's token at ``position``, seeded by both: the token drawn
+        there does not depend on the batches the request ran in, nor on speculative decoding (which
+        samples at several positions of a request in one pass, and again at those it rejected)."""
         if params.greedy or params.seed is None:
             return None
-        return torch.Generator().manual_seed(params.seed)
+        return torch.Generator().manual_seed(_position_seed(params.seed, position))
 
     def sample(self, logits: torch.Tensor, rows: SamplingRows) -> Sampled:
         """``logits``: [batch, vocab] → the next token of each row. Rows with a grammar sample only among
@@ -198,6 +202,15 @@ class Sampler:
                 except Exception as e:  # noqa: BLE001 - whatever it is, only this row's request fails
                     sampled.errors[i] = f"sampling failed: {type(e).__name__}: {e}"
         return sampled
+
+
+def _position_seed(seed: int, position: int) -> int:
+    """A 64-bit seed from a request's seed and a position (SplitMix64's mixing: nearby inputs give
+    unrelated seeds, and the low 32 bits, all that torch's CPU generator reads, change with every bit)."""
+    z = (seed + (position + 1) * 0x9E3779B97F4A7C15) & _U64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
+    return z ^ (z >> 31)
 
 
 def _mask_grammar_rows(logits: torch.Tensor, grammars: list[GrammarMatcher | None]) -> dict[int, str]:

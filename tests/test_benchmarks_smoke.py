@@ -16,7 +16,7 @@ from benchmarks.cli import main
 from benchmarks.corpus import PERSONAS
 from benchmarks.hit_rate import best_hit_rate, reusable_tokens
 from benchmarks.server import server_available
-from benchmarks.workloads import Conversations, Sizes, Workload, build
+from benchmarks.workloads import COPY_CUE_LEN, WORKLOADS, Conversations, Sizes, Workload, build
 
 TINY = Sizes(
     groups=2,
@@ -36,6 +36,9 @@ TINY = Sizes(
     long_prompts=1,
     long_len=30,
     long_output_len=2,
+    copy_prompts=1,
+    copy_context_len=20,
+    copy_output_len=3,
 )
 TINY_FLAGS = [f"--{k.replace('_', '-')}={v}" for k, v in vars(TINY).items()]
 
@@ -84,6 +87,12 @@ def test_workloads_from_the_real_tokenizer() -> None:
     assert floor <= best_hit_rate(play(shared, sizes.output_len)) < 1
     assert best_hit_rate(play(chat, sizes.output_len)) > 0.5  # every later round resends its history
     assert best_hit_rate(play(rand, sizes.output_len)) < 0.01
+    # Copy: one request at a time, each ending with a run of its context (where the answer picks up).
+    [copy] = build(["copy"], tokenizer, sizes, seed=0)
+    assert len(copy.rounds) == sizes.copy_prompts and copy.max_concurrency == 1
+    for [turn] in copy.rounds:
+        context, cue = turn.new_ids[: sizes.copy_context_len], turn.new_ids[-COPY_CUE_LEN:]
+        assert any(context[i : i + COPY_CUE_LEN] == cue for i in range(len(context)))
     # Seeded: the same seed gives the same ids, another seed different ones.
     again = build(["shared-prefix"], tokenizer, sizes, seed=0)[0]
     assert again.rounds == shared.rounds
@@ -116,8 +125,8 @@ def test_full_harness_on_a_tiny_model(tmp_path: Path, monkeypatch: pytest.Monkey
 
     runs = {(r["mode"], r["system"], r["workload"]): r for r in report["runs"]}
     expected = 4 + (online != "none")
-    assert len(runs) == 5 * expected
-    lengths = {"single-stream": TINY.single_output_len, "long-prompt": TINY.long_output_len}
+    assert len(runs) == len(WORKLOADS) * expected
+    lengths = {"single-stream": TINY.single_output_len, "long-prompt": TINY.long_output_len, "copy": TINY.copy_output_len}
     for r in runs.values():
         output_len = lengths.get(r["workload"], TINY.output_len)
         assert r["output_tokens"] == r["requests"] * output_len

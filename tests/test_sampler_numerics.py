@@ -42,7 +42,7 @@ accepted_params = st.builds(
 def test_sampler_is_finite_for_every_accepted_value(row: list[float], params: SamplingParams) -> None:
     params.validate(VOCAB)  # the strategy draws only values the API accepts
     logits = torch.tensor(row, dtype=torch.float32)
-    sampled = Sampler().sample(logits[None], SamplingRows([params], [Sampler.generator_for(params)]))
+    sampled = Sampler().sample(logits[None], SamplingRows([params], [Sampler.generator_for(params, 0)]))
     assert sampled.errors == {}  # no row failed: the sampler has no error of its own to report
     token = int(sampled.next_ids[0])
     assert 0 <= token < VOCAB

@@ -146,6 +146,24 @@ def test_tiny_qwen3_tp2_matches_tp1_with_chunks_pages_and_cache_hits(tiny_qwen3:
         llm.shutdown()
 
 
+def test_tiny_qwen3_tp2_with_speculative_decoding_matches_tp1(tiny_qwen3: Path) -> None:
+    """Verification passes (several sampled rows per request) broadcast like any other batch."""
+    prompts = [[5, 6, 7, 8, 9, 10] * 6, [300, 301] * 20 + [7], list(range(40, 80))]
+    options: dict[str, Any] = {"num_page_override": 512, "page_size": 4, "device": "cpu"}
+    ref_llm = LLM(str(tiny_qwen3), **options)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    reference = tokens(ref_llm, prompts, params)
+    ref_llm.shutdown()
+    llm = call_with_limit(lambda: LLM(str(tiny_qwen3), tp_size=2, speculative_algorithm="ngram", **options))
+    try:
+        assert call_with_limit(lambda: tokens(llm, prompts, params)) == reference
+        assert call_with_limit(lambda: tokens(llm, prompts, params)) == reference  # drafts from the tree
+        assert llm.stats()["accepted_draft_tokens"] > 0
+        assert_ranks_agree(llm, kv_heads=[1, 1])
+    finally:
+        llm.shutdown()
+
+
 @pytest.mark.parametrize("kind", ["qwen3_moe", "gemma3_alternating"])
 def test_tiny_moe_and_gemma3_tp2_match_tp1(kind: str, tmp_path: Path) -> None:
     """Qwen3-MoE: every expert's intermediate dimension split over the ranks, one all-reduce per MoE

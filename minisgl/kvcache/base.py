@@ -71,6 +71,12 @@ class PrefixCache(ABC):
         """Length of what ``match_prefix`` would match. Read-only: the cache, its structure and
         its eviction order are left exactly as they were (a peek, e.g. to rank waiting requests)."""
 
+    def continuation(self, input_ids: torch.Tensor, namespace: str | None, max_len: int) -> list[int]:
+        """Up to ``max_len`` cached tokens that follow the whole of ``input_ids`` (what an earlier request
+        with this context went on with), a draft for speculative decoding. Read-only like ``match_len``;
+        empty where nothing cached continues it, or for a cache that keeps no tree."""
+        return []
+
     @abstractmethod
     def insert_prefix(
         self, input_ids: torch.Tensor, indices: torch.Tensor, namespace: str | None = None

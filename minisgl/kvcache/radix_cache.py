@@ -103,6 +103,30 @@ class RadixPrefixCache(PrefixCache):
             return 0
         return self._descend(root, self._to_tokens(input_ids[: self._align(len(input_ids))]))[1]
 
+    def continuation(self, input_ids: torch.Tensor, namespace: str | None, max_len: int) -> list[int]:
+        root = self._roots.get(namespace)
+        if root is None or max_len <= 0:
+            return []
+        tokens = self._to_tokens(input_ids)
+        aligned = self._align(len(tokens))
+        path, matched, covered = self._descend(root, tokens[:aligned])
+        if matched < aligned:
+            return []
+        # Past the match: the rest of its last node, then down the most recently used child at each
+        # branch. Less than a page of ``tokens`` is left unmatched; the cached run must start with it.
+        tail = tokens[aligned:]
+        want = len(tail) + max_len
+        node = path[-1] if path else root
+        ahead, found = [node.key[covered:]], len(node.key) - covered
+        while found < want and node.children:
+            node = max(node.children.values(), key=lambda child: child.timestamp)
+            ahead.append(node.key)
+            found += len(node.key)
+        run = np.concatenate(ahead)[:want]
+        if len(run) <= len(tail) or not np.array_equal(run[: len(tail)], tail):
+            return []
+        return run[len(tail) :].tolist()
+
     def insert_prefix(
         self, input_ids: torch.Tensor, indices: torch.Tensor, namespace: str | None = None
     ) -> InsertResult:

@@ -3,33 +3,43 @@ and with what each of them does in the pass, which is what the pass is booked as
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from minisgl.batch import AttentionKind, Batch
 from minisgl.request import Req
-from minisgl.sampling import SamplingRows
+from minisgl.sampling import Sampler, SamplingRows
 
 
 @dataclass(frozen=True)
 class ForwardPass:
     batch: Batch
     reqs: list[Req]  # in batch order
-    sampled: list[Req]  # the requests of ``batch.sample_rows``, in order
+    sampled: list[Req]  # the requests sampled, in the order of their rows in ``batch.sample_rows``
     prefilled: list[Req]  # the requests computing prompt tokens (a chunk of the prompt, or its end)
     prefill_tokens: int  # prompt tokens computed
-    decode_tokens: int  # tokens computed after the prompt: one per request, more after a jump-forward
+    decode_tokens: int  # computed after the prompt: one per request, more after a jump-forward or with a draft
+    # Speculative decoding: the draft tokens computed after a request's tokens; such a request has one
+    # sampled row for its last token and one after each draft token
+    drafts: dict[Req, list[int]] = field(default_factory=dict)
 
     @classmethod
     def build(
-        cls, prefills: list[Req], prefill_lens: list[int], decoding: list[Req], page_table: torch.Tensor
+        cls,
+        prefills: list[Req],
+        prefill_lens: list[int],
+        decoding: list[Req],
+        page_table: torch.Tensor,
+        drafts: dict[Req, list[int]] | None = None,
     ) -> ForwardPass:
         """The next ``prefill_lens`` prompt tokens of each of ``prefills`` and every token of the
-        ``decoding`` requests not computed yet, each from its ``device_len``; a request whose new
-        tokens reach its end is sampled (its last token's logits give the next token)."""
+        ``decoding`` requests not computed yet, each from its ``device_len``, then the request's draft
+        (if any); a request whose new tokens reach its end is sampled (its last token's logits give
+        the next token), and after each of its draft tokens too."""
+        drafts = drafts or {}
         reqs = prefills + decoding
-        decode_lens = [r.extend_len for r in decoding]
+        decode_lens = [r.extend_len + len(drafts.get(r, ())) for r in decoding]
         extend_lens = prefill_lens + decode_lens
         device = page_table.device
         ids: list[int] = []
@@ -37,14 +47,20 @@ class ForwardPass:
         positions: list[int] = []
         sample_rows: list[int] = []
         sampled: list[Req] = []
+        rows = SamplingRows()
         for req, n in zip(reqs, extend_lens):
             start = req.device_len
-            ids.extend(req.token_ids[start : start + n])
+            draft = drafts.get(req, [])
+            ids.extend(req.token_ids[start : start + n - len(draft)] + draft)
             positions.extend(range(start, start + n))
             token_rows.extend([req.row] * n)
-            if start + n == req.seq_len:
-                sample_rows.append(len(ids) - 1)
+            if start + n - len(draft) == req.seq_len:
                 sampled.append(req)
+                for position in range(req.seq_len, req.seq_len + len(draft) + 1):  # of each sampled token
+                    sample_rows.append(len(ids) - start - n + position - 1)
+                    rows.params.append(req.params)
+                    rows.generators.append(Sampler.generator_for(req.params, position))
+                    rows.grammars.append(req.grammar)
         pos = torch.tensor(positions, dtype=torch.int64, device=device)
         one_each = len(sampled) == len(reqs) and all(n == 1 for n in extend_lens)
         batch = Batch(
@@ -56,8 +72,6 @@ class ForwardPass:
             prefix_lens=torch.tensor([r.device_len for r in reqs], dtype=torch.int64),
             extend_lens=torch.tensor(extend_lens, dtype=torch.int64),
             sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=device),
-            sampling=SamplingRows(
-                [r.params for r in sampled], [r.generator for r in sampled], [r.grammar for r in sampled]
-            ),
+            sampling=rows,
         )
-        return cls(batch, reqs, sampled, prefills, sum(prefill_lens), sum(decode_lens))
+        return cls(batch, reqs, sampled, prefills, sum(prefill_lens), sum(decode_lens), drafts)

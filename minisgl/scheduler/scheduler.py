@@ -34,6 +34,7 @@ from minisgl.sampling import RejectionCode, RequestRejected, Sampler, SamplingPa
 from minisgl.scheduler.cache_manager import CacheManager, align_up
 from minisgl.scheduler.forward_pass import ForwardPass
 from minisgl.scheduler.prefill import PrefillPlan, PrefillPlanner
+from minisgl.scheduler.speculative import NgramDrafter
 from minisgl.scheduler.stats import EngineStats, StatsSnapshot
 from minisgl.text.detokenizer import IncrementalDetokenizer
 
@@ -77,6 +78,11 @@ class Scheduler:
         self.eos_ids = frozenset(eos)
         self.grammars = GrammarCompiler(tokenizer, engine.model_config.vocab_size, sorted(self.eos_ids))
         self.jump_forward = config.jump_forward
+        self.drafter: NgramDrafter | None = None
+        if config.speculative_algorithm == "ngram":
+            self.drafter = NgramDrafter(
+                cache, config.speculative_max_draft, config.speculative_ngram_min, config.speculative_ngram_max
+            )
         self._grammar_steps = ThreadPoolExecutor(GRAMMAR_WORKERS, "minisgl-grammar-step")
         # Running requests whose grammar is taking their last sampled token; they sit out the passes.
         self._advancing: dict[Req, Future[list[int]]] = {}
@@ -110,7 +116,7 @@ class Scheduler:
             message = f"prompt ({len(input_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context of {max_len} tokens"
             raise RequestRejected(message, RejectionCode.CONTEXT_LENGTH_EXCEEDED)
         stop_text = IncrementalDetokenizer(self.tokenizer, params.stop) if params.stop else None
-        req = Req(rid, list(input_ids), params, namespace, generator=Sampler.generator_for(params), stop_text=stop_text)
+        req = Req(rid, list(input_ids), params, namespace, stop_text=stop_text)
         if align_up(req.max_kv_len, self.engine.page_size) > self.cache_manager.capacity:
             message = f"request needs {req.max_kv_len} KV slots but the pool holds {self.cache_manager.capacity}"
             raise RequestRejected(message, RejectionCode.KV_CAPACITY_EXCEEDED)
@@ -181,9 +187,13 @@ class Scheduler:
         sampled = self.runner.forward(work.batch)  # an exception here is the engine's: every request fails
         self._record_pass(work, time.perf_counter() - start)
         next_ids = sampled.next_ids.tolist()
-        for row, req in enumerate(work.sampled):
-            error = sampled.errors.get(row)
-            outputs += [self._fail(req, error)] if error is not None else self._process_token(req, next_ids[row])
+        row = 0
+        for req in work.sampled:
+            draft = work.drafts.get(req, [])
+            rows = range(row, row + len(draft) + 1)
+            row = rows.stop
+            errors = [sampled.errors.get(r) for r in rows]
+            outputs += self._take_sampled(req, draft, [next_ids[r] for r in rows], errors)
         # Grammar work takes microseconds for most grammars: waited for, so their tokens go out now.
         wait([self._advancing[r] for r in work.sampled if r in self._advancing], timeout=GRAMMAR_STEP_WAIT_S)
         return outputs + self._take_advanced()
@@ -206,18 +216,49 @@ class Scheduler:
         decoding = [r for r in self.running if not r.is_prefilling and r not in self._advancing]
         if not plan.reqs and not decoding:
             return None
+        drafts = self.drafter.drafts(decoding) if self.drafter is not None else {}
         chunk_ends = [r.device_len + n for r, n in zip(plan.reqs, plan.lens)]
-        self.cache_manager.allocate(plan.reqs + decoding, chunk_ends + [r.seq_len for r in decoding])
-        return ForwardPass.build(plan.reqs, plan.lens, decoding, self.engine.table.page_table)
+        decode_ends = [r.seq_len + len(drafts.get(r, ())) for r in decoding]
+        self.cache_manager.allocate(plan.reqs + decoding, chunk_ends + decode_ends)
+        return ForwardPass.build(plan.reqs, plan.lens, decoding, self.engine.table.page_table, drafts)
 
     def _record_pass(self, work: ForwardPass, elapsed: float) -> None:
-        """The KV is computed: advance every request, hand prefilled KV to the cache, count."""
+        """The KV is computed: advance every request (a draft token's KV counts once it is kept),
+        hand prefilled KV to the cache, count."""
+        kv_read = int(work.batch.kv_lens.sum())
         for req, n in zip(work.reqs, work.batch.extend_lens.tolist()):
-            req.device_len += n
+            req.device_len += n - len(work.drafts.get(req, ()))
         for req in work.prefilled:
             self.cache_manager.commit(req, finished=False)
-        kv_read = sum(r.device_len for r in work.reqs)
-        self.stats.record_pass(work.prefill_tokens, work.decode_tokens, kv_read, elapsed)
+        self.stats.record_pass(work.prefill_tokens, work.decode_tokens, kv_read, len(work.sampled), elapsed)
+
+    def _take_sampled(
+        self, req: Req, draft: list[int], tokens: list[int], errors: list[str | None]
+    ) -> list[TokenOutput]:
+        """The tokens sampled for ``req``: after its last token, then after each of its draft tokens.
+        Draft token i is kept when the token sampled before it is the same (scheduler/speculative.py
+        says why that leaves the output's distribution unchanged); the first sampled token that
+        differs from the draft, or the one after the whole draft, is the last taken. Each goes the
+        per-token path (``_process_token``), which may finish the request anywhere in the draft."""
+        outputs: list[TokenOutput] = []
+        accepted = 0
+        for i, (token, error) in enumerate(zip(tokens, errors)):
+            if error is not None:
+                outputs.append(self._fail(req, error))
+                break
+            kept = i < len(draft) and token == draft[i]
+            accepted += kept
+            outputs += self._process_token(req, token)
+            if not kept or req.finish_reason is not None:
+                break
+            req.device_len += 1  # the pass computed this draft token's KV: it is a token of the request now
+        if draft:
+            self.stats.draft_tokens += len(draft)
+            self.stats.accepted_draft_tokens += accepted
+            if req.finish_reason is None:
+                assert self.drafter is not None
+                self.drafter.verified(req, len(draft), accepted)
+        return outputs
 
     def _process_token(self, req: Req, token: int) -> list[TokenOutput]:
         """Everything done per request with its sampled token starts here: append it; a request with
@@ -317,6 +358,8 @@ class Scheduler:
         self._advancing.pop(req, None)  # aborted while its grammar took a token: the result is dropped
         self.cache_manager.commit(req, finished=True)
         self.running.remove(req)
+        if self.drafter is not None:
+            self.drafter.forget(req)
         self.stats.finished_requests += 1
 
     # -- cache control, accounting, stats ------------------------------------------------------

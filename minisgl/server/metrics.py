@@ -32,6 +32,19 @@ class _SchedulerCollector(Collector):
         yield CounterMetricFamily("minisgl_prefill_tokens", "Tokens computed in prefill passes", value=s.prefill_tokens)
         yield CounterMetricFamily("minisgl_generated_tokens", "Tokens generated", value=s.generated_tokens)
         yield GaugeMetricFamily("minisgl_cache_hit_rate", "cached_tokens / prompt_tokens since start", value=s.hit_rate)
+        yield CounterMetricFamily(
+            "minisgl_draft_tokens", "Speculative decoding: draft tokens verified", value=s.draft_tokens
+        )
+        yield CounterMetricFamily(
+            "minisgl_accepted_draft_tokens", "Speculative decoding: draft tokens kept", value=s.accepted_draft_tokens
+        )
+        yield GaugeMetricFamily(
+            "minisgl_draft_acceptance_rate", "accepted_draft_tokens / draft_tokens since start", value=s.acceptance_rate
+        )
+        yield GaugeMetricFamily(
+            "minisgl_tokens_per_step", "Tokens a request gains per pass it is sampled in, since start",
+            value=s.tokens_per_step,
+        )  # fmt: skip
         yield GaugeMetricFamily("minisgl_running_requests", "Requests being prefilled or decoded", value=snapshot.running)
         yield GaugeMetricFamily("minisgl_waiting_requests", "Requests queued for admission", value=snapshot.waiting)
         kv = GaugeMetricFamily("minisgl_kv_tokens", "KV pool slots by state", labels=["state"])

@@ -1,0 +1,350 @@
+"""Speculative decoding with n-gram drafts: the drafter against plain references, and outputs token for
+token the same as without speculation (greedy, seeded sampling, stops and max_tokens inside a draft,
+chunked prefill, radix hits), the sampled distribution unchanged, the KV balanced."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import assert_idle_balanced
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.stats import chi2
+from tiny_models import VOCAB, build_tiny_model
+
+from minisgl import LLM, SamplingParams
+from minisgl.cli import add_engine_args, config_from_args, main
+from minisgl.config import EngineConfig
+from minisgl.kvcache.radix_cache import RadixPrefixCache
+from minisgl.request import Req
+from minisgl.scheduler.speculative import PROBE_INTERVAL, NgramDrafter
+from minisgl.scheduler.stats import StatsSnapshot
+from minisgl.server.metrics import ServerMetrics
+
+ITEMS = "apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango, nectarine"
+CODE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
+COPY_PROMPTS = [
+    f"Repeat this list exactly, in the same order: {ITEMS}\nRepeated list: {ITEMS}\nAgain: ",
+    f"Rename add to plus in this code and print it again.\n{CODE}\nThe code with add renamed to plus:\n",
+    "Quote the first sentence. The library opens at nine and closes at eight. It is closed on Sundays. Quote:",
+    "What is the capital of France?",
+]
+
+
+# -- the drafter -------------------------------------------------------------------------------
+def reference_draft(tokens: list[int], ngram_min: int, ngram_max: int, length: int) -> list[int]:
+    """What followed the latest earlier occurrence of the longest suffix, by brute force: the sequence
+    is assumed to go on as it did there, so the copy reads the tokens it has already drafted."""
+    for n in range(ngram_max, ngram_min - 1, -1):
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start : start + n] == tokens[len(tokens) - n :]:
+                extended = list(tokens)
+                for i in range(length):
+                    extended.append(extended[start + n + i])
+                return extended[len(tokens) :]
+    return []
+
+
+def decoding_req(prompt: list[int], max_tokens: int) -> Req:
+    req = Req(0, list(prompt), SamplingParams(max_tokens=max_tokens))
+    req.device_len = len(prompt) - 1  # as after its prefill: only the last token is left to compute
+    return req
+
+
+def grow(req: Req, tokens: list[int]) -> None:
+    req.token_ids.extend(tokens)
+    req.device_len = req.seq_len - 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    chunks=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=12), min_size=1, max_size=6),
+    sizes=st.tuples(st.integers(1, 4), st.integers(0, 3)),
+    max_draft=st.integers(1, 6),
+)
+def test_drafts_follow_the_latest_earlier_occurrence_of_the_longest_suffix(
+    chunks: list[list[int]], sizes: tuple[int, int], max_draft: int
+) -> None:
+    ngram_min, ngram_max = sizes[0], sizes[0] + sizes[1]
+    drafter = NgramDrafter(RadixPrefixCache("cpu"), max_draft, ngram_min, ngram_max)
+    req = decoding_req(chunks[0], max_tokens=100)
+    for chunk in chunks[1:] + [[]]:  # the index grows with the request's tokens
+        draft = drafter.drafts([req]).get(req, [])
+        assert draft == reference_draft(req.token_ids, ngram_min, ngram_max, max_draft)
+        grow(req, chunk)
+
+
+def test_a_draft_leaves_room_for_the_token_after_it_within_max_tokens() -> None:
+    drafter = NgramDrafter(RadixPrefixCache("cpu"), 8, 2, 2)
+    req = decoding_req([1, 2, 3, 4, 5, 6, 1, 2], max_tokens=4)
+    assert drafter.drafts([req])[req] == [3, 4, 5]  # 3 drafted + 1 sampled after them = max_tokens
+    grow(req, [3, 4, 5])
+    assert req not in drafter.drafts([req])  # one token left: nothing to draft
+
+
+def test_the_draft_length_falls_to_zero_and_probes_again() -> None:
+    drafter = NgramDrafter(RadixPrefixCache("cpu"), 8, 1, 1)
+    req = decoding_req([7] * 50, max_tokens=1000)
+    lengths = []
+    for _ in range(4 * PROBE_INTERVAL):
+        draft = drafter.drafts([req]).get(req, [])
+        lengths.append(len(draft))
+        if draft:
+            drafter.verified(req, len(draft), 0)  # every draft is rejected
+    assert lengths[:5] == [8, 4, 2, 1, 0]
+    probes = [i for i, n in enumerate(lengths) if i >= 4 and n]
+    assert probes and all(n == 1 for n in (lengths[i] for i in probes))
+    assert len(probes) <= 4  # one probe per PROBE_INTERVAL passes
+    drafter.verified(req, 1, 1)  # a kept probe turns drafting on again
+    assert len(drafter.drafts([req])[req]) == 1
+    drafter.verified(req, 1, 1)
+    assert len(drafter.drafts([req])[req]) == 2
+
+
+# -- the radix tree's continuations ----------------------------------------------------------------
+def reference_continuation(sequences: list[list[int]], context: list[int], max_len: int) -> list[int]:
+    """Token by token, the next token of the latest inserted sequence that extends what is known."""
+    known = list(context)
+    while len(known) < len(context) + max_len:
+        extending = [s for s in sequences if len(s) > len(known) and s[: len(known)] == known]
+        if not extending:
+            break
+        known.append(extending[-1][len(known)])
+    return known[len(context) :]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sequences=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=10), min_size=1, max_size=6),
+    pick=st.integers(0, 5),
+    cut=st.integers(0, 10),
+    max_len=st.integers(1, 8),
+)
+def test_continuation_follows_the_latest_use_and_touches_nothing(
+    sequences: list[list[int]], pick: int, cut: int, max_len: int
+) -> None:
+    cache = RadixPrefixCache("cpu")
+    slots = 0
+    for seq in sequences:
+        cache.insert_prefix(torch.tensor(seq), torch.arange(slots, slots + len(seq)))
+        slots += len(seq)
+    context = sequences[pick % len(sequences)][:cut]
+    before = cache.render()
+    got = cache.continuation(torch.tensor(context, dtype=torch.int64), None, max_len)
+    assert got == reference_continuation(sequences, context, max_len)
+    assert cache.render() == before  # no split, no LRU refresh
+    cache.check_integrity()
+    assert cache.continuation(torch.tensor(context, dtype=torch.int64), "other", max_len) == []
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_continuation_with_pages(page_size: int) -> None:
+    cache = RadixPrefixCache("cpu", page_size)
+    cache.insert_prefix(torch.tensor([1, 2, 3, 4, 5, 6, 7, 8]), torch.arange(8))
+    assert cache.continuation(torch.tensor([1, 2, 3]), None, 4) == [4, 5, 6, 7]
+    assert cache.continuation(torch.tensor([1, 2, 9]), None, 4) == []
+    assert cache.continuation(torch.tensor([1, 2, 3, 4, 5, 6, 7, 8]), None, 4) == []
+    cache.insert_prefix(torch.tensor([1, 2, 3, 4, 10, 11, 12, 13]), torch.arange(8, 16))
+    assert cache.continuation(torch.tensor([1, 2, 3]), None, 4) == [4, 10, 11, 12]
+
+
+# -- end to end on SmolLM2 ---------------------------------------------------------------------
+def run(llm: LLM, prompts: list[str] | list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Any]:
+    return llm.generate(prompts, params, use_tqdm=False)  # type: ignore[arg-type]
+
+
+def test_smollm_greedy_is_the_same_with_drafts_alone_and_batched(fresh_smollm: LLM) -> None:
+    llm, params = fresh_smollm, SamplingParams(max_tokens=24)
+    plain = [o["token_ids"] for o in run(llm, COPY_PROMPTS, params)]
+    llm.flush_cache()
+    defaults = EngineConfig(speculative_algorithm="ngram")
+    # The shared engine, with speculation switched on for this test only.
+    llm.scheduler.drafter = NgramDrafter(
+        llm.scheduler.cache_manager.cache,
+        defaults.speculative_max_draft,
+        defaults.speculative_ngram_min,
+        defaults.speculative_ngram_max,
+    )
+    try:
+        before = llm.stats()
+        assert run(llm, COPY_PROMPTS[:1], params)[0]["token_ids"] == plain[0]
+        llm.flush_cache()  # the batch drafts from the prompts, not from the tree
+        assert [o["token_ids"] for o in run(llm, COPY_PROMPTS, params)] == plain
+        stats = llm.stats()
+    finally:
+        llm.scheduler.drafter = None
+    assert stats["accepted_draft_tokens"] - before["accepted_draft_tokens"] > 24  # the copy prompts are copied
+    assert stats["tokens_per_step"] > 1.0 and 0.0 < stats["acceptance_rate"] <= 1.0
+
+
+# -- end to end on a tiny model ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model("llama", tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="module")
+def plain(tiny: Path) -> LLM:
+    return LLM(str(tiny), num_page_override=4096, max_seq_len_override=512)
+
+
+@pytest.fixture(scope="module")
+def spec(tiny: Path) -> LLM:
+    return LLM(str(tiny), num_page_override=4096, max_seq_len_override=512, speculative_algorithm="ngram")
+
+
+def tiny_prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    randoms = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (1, 5, 17, 40, 100)]
+    return [*randoms, [5, 6, 7, 8, 9, 10] * 6, [300, 301] * 20 + [7], randoms[3] * 3]
+
+
+def ids(outputs: list[Any]) -> list[list[int]]:
+    return [o["token_ids"] for o in outputs]
+
+
+def test_tiny_greedy_is_the_same_batched_chunked_and_with_radix_hits(plain: LLM, spec: LLM, tiny: Path) -> None:
+    prompts = tiny_prompts()
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    reference = ids(run(plain, prompts, params))
+    before = spec.stats()["accepted_draft_tokens"]
+    assert ids(run(spec, prompts, params)) == reference
+    assert spec.stats()["accepted_draft_tokens"] > before  # the tiny model repeats itself
+    # Again: every prompt is a radix hit, and the tree holds each output after its prompt, which is
+    # drafted from the tree and kept nearly whole.
+    before = spec.stats()
+    assert ids(run(spec, prompts, params)) == reference
+    after = spec.stats()
+    assert after["cached_tokens"] > before["cached_tokens"]
+    assert after["accepted_draft_tokens"] - before["accepted_draft_tokens"] >= len(prompts) * 40 // 2
+    assert_idle_balanced(spec)
+    chunked = LLM(str(tiny), num_page_override=4096, max_prefill_tokens=16, page_size=4, speculative_algorithm="ngram")
+    assert ids(run(chunked, prompts, params)) == reference
+    assert ids([run(chunked, [p], params)[0] for p in prompts]) == reference
+    assert_idle_balanced(chunked)
+    chunked.shutdown()
+
+
+def test_stops_and_max_tokens_inside_drafts_cut_where_they_would(plain: LLM, spec: LLM) -> None:
+    prompt = [300, 301] * 20 + [7]
+    full = run(plain, [prompt], SamplingParams(max_tokens=40, ignore_eos=True))[0]["token_ids"]
+    words = plain.tokenizer.decode(full).split()
+    variants = [SamplingParams(max_tokens=k, ignore_eos=True) for k in range(1, 40)]
+    variants += [SamplingParams(max_tokens=40, stop_token_ids=[t], ignore_eos=True) for t in set(full)]
+    variants += [SamplingParams(max_tokens=40, stop=[" ".join(words[k : k + 2])], ignore_eos=True) for k in range(39)]
+    variants += [SamplingParams(max_tokens=40, stop=[w[1:]], ignore_eos=True) for w in set(words)]  # mid-token
+    expected = run(plain, [prompt] * len(variants), variants)
+    spec.flush_cache()
+    before = spec.stats()["accepted_draft_tokens"]
+    got = run(spec, [prompt] * len(variants), variants)
+    assert spec.stats()["accepted_draft_tokens"] > before
+    for want, have in zip(expected, got):
+        assert (have["token_ids"], have["text"], have["meta"]["finish_reason"]) == (
+            want["token_ids"], want["text"], want["meta"]["finish_reason"],
+        )  # fmt: skip
+    assert_idle_balanced(spec)
+
+
+def test_aborts_and_rejected_drafts_leave_the_kv_balanced(spec: LLM) -> None:
+    spec.flush_cache()
+    scheduler = spec.scheduler
+    prompts = tiny_prompts()
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    reqs = [scheduler.make_request(1000 + i, p, params) for i, p in enumerate(prompts)]
+    for req in reqs:
+        scheduler.add(req)
+    stats = scheduler.stats
+    drafted, accepted = stats.draft_tokens, stats.accepted_draft_tokens
+    step = 0
+    while scheduler.has_work:
+        scheduler.step()
+        scheduler.check_accounting()
+        step += 1
+        if step in (4, 8, 12):
+            scheduler.abort(reqs[step // 4 + 4].rid)  # repetitive prompts: they draft
+    assert stats.accepted_draft_tokens > accepted  # some drafts kept, some rejected
+    assert stats.draft_tokens - drafted > stats.accepted_draft_tokens - accepted
+    assert [r.finish_reason for r in reqs].count("abort") == 3
+    assert_idle_balanced(spec)
+
+
+def test_seeded_sampling_is_the_same_with_and_without_drafts(plain: LLM, spec: LLM) -> None:
+    prompts = tiny_prompts()
+    params = [
+        SamplingParams(max_tokens=30, temperature=0.7, top_p=0.95, seed=s, ignore_eos=True) for s in range(len(prompts))
+    ]
+    reference = ids(run(plain, prompts, params))
+    before = spec.stats()["accepted_draft_tokens"]
+    assert ids(run(spec, prompts, params)) == reference
+    assert ids([run(spec, [p], sp)[0] for p, sp in zip(prompts, params)]) == reference  # alone, with tree drafts
+    assert spec.stats()["accepted_draft_tokens"] > before
+    assert_idle_balanced(spec)
+
+
+def test_sampled_distribution_is_unchanged(plain: LLM, spec: LLM) -> None:
+    """Two independent samples (different seeds), with and without speculation, of the first three
+    tokens after a prompt that drafts (top-k 3: 27 outcomes): a chi-square test of homogeneity with a bound loose enough
+    (p < 1e-6) never to fail by chance, which a verifier that kept drafts too often would fail."""
+    prompt = [300, 301] * 20 + [7]
+    n = 600
+
+    def sample(llm: LLM, first_seed: int) -> Counter[tuple[int, ...]]:
+        params = [
+            SamplingParams(max_tokens=3, temperature=2.0, top_k=3, seed=seed, ignore_eos=True)
+            for seed in range(first_seed, first_seed + n)
+        ]
+        return Counter(tuple(o["token_ids"]) for o in run(llm, [prompt] * n, params))
+
+    spec.flush_cache()
+    before = spec.stats()
+    with_drafts, without = sample(spec, 0), sample(plain, n)
+    after = spec.stats()
+    drafted = after["draft_tokens"] - before["draft_tokens"]
+    assert 0 < after["accepted_draft_tokens"] - before["accepted_draft_tokens"] < drafted  # kept and rejected
+    common = [k for k in with_drafts.keys() | without.keys() if with_drafts[k] + without[k] >= 10]
+    rest = (n - sum(with_drafts[k] for k in common), n - sum(without[k] for k in common))
+    cells = [(with_drafts[k], without[k]) for k in common] + ([rest] if sum(rest) else [])
+    assert len(cells) >= 3, "the temperature must spread the samples"
+    statistic = sum((a - b) ** 2 / (a + b) for a, b in cells)
+    assert chi2.sf(statistic, len(cells) - 1) > 1e-6
+
+
+def test_grammar_requests_decode_without_drafts(plain: LLM, spec: LLM) -> None:
+    params = SamplingParams(max_tokens=12, regex=r"(w5|w6|w7){3,6}")
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    drafted = spec.stats()["draft_tokens"]
+    assert ids(run(spec, [prompt], params)) == ids(run(plain, [prompt], params))
+    assert spec.stats()["draft_tokens"] == drafted
+
+
+# -- configuration, flags, metrics -------------------------------------------------------------------
+def test_options_are_checked_and_reach_the_config() -> None:
+    with pytest.raises(ValueError, match="speculative_algorithm must be none or ngram"):
+        EngineConfig(speculative_algorithm="eagle")
+    with pytest.raises(ValueError, match="speculative_ngram_max"):
+        EngineConfig(speculative_ngram_min=3, speculative_ngram_max=2)
+    with pytest.raises(ValueError, match="speculative_max_draft must be >= 1"):
+        EngineConfig(speculative_max_draft=0)
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    flags = ["--speculative-algorithm", "ngram", "--speculative-max-draft", "5", "--speculative-ngram-min", "3"]
+    args = parser.parse_args(flags)
+    config = config_from_args(args)
+    assert (config.speculative_algorithm, config.speculative_max_draft, config.speculative_ngram_min) == ("ngram", 5, 3)
+    with pytest.raises(SystemExit):
+        main(["generate", "x", "--speculative-algorithm", "eagle"])
+
+
+def test_metrics_show_drafts(spec: LLM) -> None:
+    run(spec, [[300, 301] * 20 + [7]], SamplingParams(max_tokens=20, ignore_eos=True))
+    snapshot = spec.scheduler.snapshot()
+    assert snapshot.counters.draft_tokens > 0
+    text = ServerMetrics(lambda: snapshot).render().decode()
+    for name in ("draft_tokens", "accepted_draft_tokens", "draft_acceptance_rate", "tokens_per_step"):
+        assert f"minisgl_{name}" in text
+    assert StatsSnapshot().as_dict()["acceptance_rate"] == 0.0
