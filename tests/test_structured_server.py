@@ -210,23 +210,35 @@ def test_two_turn_tool_loop_reuses_the_prefix(client: openai.OpenAI) -> None:
 
 
 BAD_CHAT = [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}}, 'invalid json_schema: Unsupported type "foo"'),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}}, "unsupported json_schema feature: $.not"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "needs json_schema.schema"),
-    ({"response_format": {"type": "yaml"}}, "response_format.type must be"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}, "tools[0].function.parameters must be"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "foo"}}}}}], "tool_choice": "required"}, "tool 'f' has invalid parameters"),
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not among the tools"),
-    ({"tool_choice": "required"}, 'tool_choice "required" needs tools'),
-    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "cannot be combined"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}}, 'invalid json_schema: Unsupported type "foo"', "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}}, "unsupported json_schema feature: $.not", "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "needs json_schema.schema", "response_format.json_schema"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type must be", "response_format.type"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}, "tools[0].function.parameters must be", "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "foo"}}}}}], "tool_choice": "required"}, "tool 'f' has invalid parameters", "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": obj(a={"enum": ["x" * 600_000]})}}], "tool_choice": "required"}, "over the limit of 524288 bytes", "tools"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not among the tools", "tool_choice"),
+    ({"tool_choice": "required"}, 'tool_choice "required" needs tools', "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "cannot be combined", "response_format"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("extra", "message"), BAD_CHAT)
-def test_bad_structured_chat_requests(client: openai.OpenAI, extra: dict[str, Any], message: str) -> None:
+@pytest.mark.parametrize(("extra", "message", "param"), BAD_CHAT)
+def test_bad_structured_chat_requests(client: openai.OpenAI, extra: dict[str, Any], message: str, param: str) -> None:
+    """Each error names the request's field at fault (as OpenAI's do), not the engine's name for it."""
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=8, **extra)
     assert e.value.status_code == 400 and message in e.value.message, e.value.message
+    assert e.value.param == param, e.value.body
+
+
+# Refused by the scheduler (its compile), and by the front end (over the size limit for a grammar).
+@pytest.mark.parametrize("schema", [{"type": "foo"}, {"enum": ["x" * 600_000]}])
+def test_a_bad_schema_in_a_completion_names_response_format(client: openai.OpenAI, schema: dict[str, Any]) -> None:
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=8, extra_body={"response_format": response_format})
+    assert e.value.param == "response_format" and e.value.code == "invalid_grammar", e.value.body
 
 
 @pytest.mark.parametrize(
