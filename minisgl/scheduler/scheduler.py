@@ -166,6 +166,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.compiling)
 
+    @property
+    def queued(self) -> list[Req]:
+        """Every request not admitted yet, those whose grammar still compiles too: what "waiting" counts."""
+        return [*self.compiling, *self.waiting]
+
     # -- the loop ------------------------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
         outputs = self._settle_grammars()
@@ -322,7 +327,7 @@ class Scheduler:
     # -- cache control, accounting, stats ------------------------------------------------------
     def flush_cache(self) -> None:
         if self.has_work:
-            waiting = len(self.waiting) + len(self.compiling)
+            waiting = len(self.queued)
             raise RuntimeError(f"cannot flush the cache while {len(self.running)} requests run and {waiting} wait")
         self.cache_manager.flush()
 
@@ -345,7 +350,7 @@ class Scheduler:
         return StatsSnapshot(
             replace(self.stats),
             len(self.running),
-            len(self.waiting) + len(self.compiling),  # those waiting for their grammar too
+            len(self.queued),
             self.kv_usage(),
             dict(self.engine.memory),
         )
