@@ -64,7 +64,10 @@ WEATHER = {
         "parameters": obj(city=S, unit={"enum": ["celsius", "fahrenheit"]}),
     },
 }
-TIME = {"type": "function", "function": {"name": "get_time", "description": "Get the time in a timezone", "parameters": obj(tz=S)}}
+TIME = {
+    "type": "function",
+    "function": {"name": "get_time", "description": "Get the time in a timezone", "parameters": obj(tz=S)},
+}
 TOOLS = [WEATHER, TIME]
 PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -89,7 +92,11 @@ def chat(client: openai.OpenAI, messages: list[dict[str, Any]], **kw: Any) -> An
 
 
 def test_json_object(client: openai.OpenAI) -> None:
-    r = chat(client, [{"role": "user", "content": "Reply with a JSON object that has a key 'ok'."}], response_format={"type": "json_object"})
+    r = chat(
+        client,
+        [{"role": "user", "content": "Reply with a JSON object that has a key 'ok'."}],
+        response_format={"type": "json_object"},
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "stop", choice
     assert isinstance(json.loads(choice.message.content), dict)
@@ -113,7 +120,12 @@ def test_json_schemas_all_validate(client: openai.OpenAI) -> None:
 
 def test_grammar_that_cannot_finish_reports_length(client: openai.OpenAI) -> None:
     schema = SCHEMAS[8][1]
-    r = chat(client, ASK, max_tokens=4, response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": schema}})
+    r = chat(
+        client,
+        ASK,
+        max_tokens=4,
+        response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": schema}},
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "length" and r.usage.completion_tokens == 4
     assert choice.message.content.startswith('{"title"')  # what was generated, not a completed document
@@ -237,7 +249,9 @@ def test_bad_structured_chat_requests(client: openai.OpenAI, extra: dict[str, An
 def test_a_bad_schema_in_a_completion_names_response_format(client: openai.OpenAI, schema: dict[str, Any]) -> None:
     response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=MODEL, prompt="x", max_tokens=8, extra_body={"response_format": response_format})
+        client.completions.create(
+            model=MODEL, prompt="x", max_tokens=8, extra_body={"response_format": response_format}
+        )
     assert e.value.param == "response_format" and e.value.code == "invalid_grammar", e.value.body
 
 
@@ -266,7 +280,14 @@ def test_a_slow_grammar_compiles_while_a_stream_runs(server: Server) -> None:
     streaming = threading.Event()
 
     def stream() -> str | None:
-        body = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 200, "ignore_eos": True, "temperature": 0, "stream": True}
+        body = {
+            "model": MODEL,
+            "prompt": "1, 2, 3,",
+            "max_tokens": 200,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+        }
         with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=300) as r:
             finish = None
             for line in r.iter_lines():

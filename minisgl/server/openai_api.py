@@ -119,7 +119,9 @@ def _checked_calls(calls: list[dict[str, Any]], where: str) -> list[dict[str, An
     for j, call in enumerate(calls):
         function = call.get("function")
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise ApiError(400, f'{where}[{j}] must be {{"type": "function", "function": {{"name", "arguments"}}}}', param=where)
+            raise ApiError(
+                400, f'{where}[{j}] must be {{"type": "function", "function": {{"name", "arguments"}}}}', param=where
+            )
         if not isinstance(function.get("arguments", "{}"), str):
             raise ApiError(400, f"{where}[{j}].function.arguments must be JSON text", param=where)
     return calls
