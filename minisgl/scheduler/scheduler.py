@@ -255,7 +255,8 @@ class Scheduler:
             self._retire(req, reason)
         last = len(tokens) - 1
         return [
-            TokenOutput(req.rid, t, reason if i == last else None, req.cached_prompt_tokens) for i, t in enumerate(tokens)
+            TokenOutput(req.rid, t, reason if i == last else None, req.cached_prompt_tokens)
+            for i, t in enumerate(tokens)
         ]
 
     # -- grammars off the loop -----------------------------------------------------------------
