@@ -5,11 +5,13 @@ is slow to take a token holds only its own request, not the step."""
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 from conftest import assert_idle_balanced
 from tiny_models import build_tiny_model
@@ -19,6 +21,17 @@ from minisgl.constrained.spec import MAX_GRAMMAR_BYTES, GrammarSpec
 from minisgl.request import Req
 from minisgl.sampling import RejectionCode, RequestRejected
 from minisgl.scheduler.scheduler import Scheduler
+from minisgl.server.protocol import (
+    CacheQuery,
+    CacheReport,
+    Control,
+    ControlOp,
+    ControlReply,
+    FromScheduler,
+    StepOutput,
+    Submit,
+)
+from minisgl.server.scheduler_process import SchedulerLoop
 
 PROMPT = [5, 6, 7, 8]
 # The tiny model's tokens are the words w3..w511 (no spaces), so a grammar over them can finish.
@@ -141,6 +154,50 @@ def test_a_grammar_over_the_time_limit_is_refused_naming_it(tiny_llm: LLM, monke
         tiny_llm.generate([PROMPT, [9, 10]], params, use_tqdm=False)
     gate.set()  # the refused compile runs on in the background (xgrammar cannot stop one)
     assert not sched.has_work
+    assert_idle_balanced(tiny_llm)
+
+
+class Outbox:
+    """Stands for the loop's socket to the front end: keeps each message it is sent, decoded."""
+
+    def __init__(self) -> None:
+        self.sent: list[FromScheduler] = []
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(msgspec.msgpack.decode(data, type=FromScheduler))
+
+
+def test_a_request_whose_grammar_compiles_counts_as_waiting_everywhere(
+    tiny_llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/debug/kv, /debug/radix (its queue and its counters) and /metrics (the same counters) agree:
+    a request held while its grammar compiles is waiting, beside one waiting for admission. The
+    loop is fed its messages directly, as its socket would."""
+    sched = tiny_llm.scheduler
+    gate, compile_now = threading.Event(), sched.grammars._compile
+
+    def gated_compile(kind: str, source: str) -> object:
+        assert gate.wait(120), "the test never opened the gate"
+        return compile_now(kind, source)
+
+    monkeypatch.setattr(sched.grammars, "_compile", gated_compile)
+    outbox = Outbox()
+    loop = SchedulerLoop(sched, inbox=None, outbox=outbox, parent_pid=os.getppid())  # type: ignore[arg-type]
+    answers = StepOutput()
+    loop._handle(Submit(1, PROMPT, SamplingParams(max_tokens=4, regex=r"(w8|w9){1,3}")), answers)
+    loop._handle(Submit(2, [9, 10], SamplingParams(max_tokens=4)), answers)
+    assert answers.accepted == [2] and sched.compiling  # the first is answered once its grammar is done
+    loop._handle(Control(7, ControlOp.DEBUG_KV), answers)
+    loop._handle(CacheQuery(8, max_nodes=10, head_tokens=0), answers)
+    kv, report = outbox.sent
+    assert isinstance(kv, ControlReply) and isinstance(report, CacheReport)
+    assert kv.data["waiting"] == report.stats.waiting == 2, (kv.data, report.stats)
+    assert sorted(r.rid for r in report.requests if r.state == "waiting") == [1, 2], report.requests
+    gate.set()
+    accepted = []
+    while sched.has_work:
+        accepted += loop._step().accepted
+    assert accepted == [1]
     assert_idle_balanced(tiny_llm)
 
 

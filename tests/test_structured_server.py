@@ -64,7 +64,10 @@ WEATHER = {
         "parameters": obj(city=S, unit={"enum": ["celsius", "fahrenheit"]}),
     },
 }
-TIME = {"type": "function", "function": {"name": "get_time", "description": "Get the time in a timezone", "parameters": obj(tz=S)}}
+TIME = {
+    "type": "function",
+    "function": {"name": "get_time", "description": "Get the time in a timezone", "parameters": obj(tz=S)},
+}
 TOOLS = [WEATHER, TIME]
 PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -89,7 +92,11 @@ def chat(client: openai.OpenAI, messages: list[dict[str, Any]], **kw: Any) -> An
 
 
 def test_json_object(client: openai.OpenAI) -> None:
-    r = chat(client, [{"role": "user", "content": "Reply with a JSON object that has a key 'ok'."}], response_format={"type": "json_object"})
+    r = chat(
+        client,
+        [{"role": "user", "content": "Reply with a JSON object that has a key 'ok'."}],
+        response_format={"type": "json_object"},
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "stop", choice
     assert isinstance(json.loads(choice.message.content), dict)
@@ -113,7 +120,12 @@ def test_json_schemas_all_validate(client: openai.OpenAI) -> None:
 
 def test_grammar_that_cannot_finish_reports_length(client: openai.OpenAI) -> None:
     schema = SCHEMAS[8][1]
-    r = chat(client, ASK, max_tokens=4, response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": schema}})
+    r = chat(
+        client,
+        ASK,
+        max_tokens=4,
+        response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": schema}},
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "length" and r.usage.completion_tokens == 4
     assert choice.message.content.startswith('{"title"')  # what was generated, not a completed document
@@ -210,23 +222,37 @@ def test_two_turn_tool_loop_reuses_the_prefix(client: openai.OpenAI) -> None:
 
 
 BAD_CHAT = [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}}, 'invalid json_schema: Unsupported type "foo"'),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}}, "unsupported json_schema feature: $.not"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "needs json_schema.schema"),
-    ({"response_format": {"type": "yaml"}}, "response_format.type must be"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}, "tools[0].function.parameters must be"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "foo"}}}}}], "tool_choice": "required"}, "tool 'f' has invalid parameters"),
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not among the tools"),
-    ({"tool_choice": "required"}, 'tool_choice "required" needs tools'),
-    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "cannot be combined"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}}, 'invalid json_schema: Unsupported type "foo"', "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}}, "unsupported json_schema feature: $.not", "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "needs json_schema.schema", "response_format.json_schema"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type must be", "response_format.type"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}, "tools[0].function.parameters must be", "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "foo"}}}}}], "tool_choice": "required"}, "tool 'f' has invalid parameters", "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": obj(a={"enum": ["x" * 600_000]})}}], "tool_choice": "required"}, "over the limit of 524288 bytes", "tools"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not among the tools", "tool_choice"),
+    ({"tool_choice": "required"}, 'tool_choice "required" needs tools', "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "cannot be combined", "response_format"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("extra", "message"), BAD_CHAT)
-def test_bad_structured_chat_requests(client: openai.OpenAI, extra: dict[str, Any], message: str) -> None:
+@pytest.mark.parametrize(("extra", "message", "param"), BAD_CHAT)
+def test_bad_structured_chat_requests(client: openai.OpenAI, extra: dict[str, Any], message: str, param: str) -> None:
+    """Each error names the request's field at fault (as OpenAI's do), not the engine's name for it."""
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=8, **extra)
     assert e.value.status_code == 400 and message in e.value.message, e.value.message
+    assert e.value.param == param, e.value.body
+
+
+# Refused by the scheduler (its compile), and by the front end (over the size limit for a grammar).
+@pytest.mark.parametrize("schema", [{"type": "foo"}, {"enum": ["x" * 600_000]}])
+def test_a_bad_schema_in_a_completion_names_response_format(client: openai.OpenAI, schema: dict[str, Any]) -> None:
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(
+            model=MODEL, prompt="x", max_tokens=8, extra_body={"response_format": response_format}
+        )
+    assert e.value.param == "response_format" and e.value.code == "invalid_grammar", e.value.body
 
 
 @pytest.mark.parametrize(
@@ -254,7 +280,14 @@ def test_a_slow_grammar_compiles_while_a_stream_runs(server: Server) -> None:
     streaming = threading.Event()
 
     def stream() -> str | None:
-        body = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 200, "ignore_eos": True, "temperature": 0, "stream": True}
+        body = {
+            "model": MODEL,
+            "prompt": "1, 2, 3,",
+            "max_tokens": 200,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+        }
         with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=300) as r:
             finish = None
             for line in r.iter_lines():

@@ -172,6 +172,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.compiling)
 
+    @property
+    def queued(self) -> list[Req]:
+        """Every request not admitted yet, those whose grammar still compiles too: what "waiting" counts."""
+        return [*self.compiling, *self.waiting]
+
     # -- the loop ------------------------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
         outputs = self._settle_grammars()
@@ -291,7 +296,8 @@ class Scheduler:
             self._retire(req, reason)
         last = len(tokens) - 1
         return [
-            TokenOutput(req.rid, t, reason if i == last else None, req.cached_prompt_tokens) for i, t in enumerate(tokens)
+            TokenOutput(req.rid, t, reason if i == last else None, req.cached_prompt_tokens)
+            for i, t in enumerate(tokens)
         ]
 
     # -- grammars off the loop -----------------------------------------------------------------
@@ -365,7 +371,7 @@ class Scheduler:
     # -- cache control, accounting, stats ------------------------------------------------------
     def flush_cache(self) -> None:
         if self.has_work:
-            waiting = len(self.waiting) + len(self.compiling)
+            waiting = len(self.queued)
             raise RuntimeError(f"cannot flush the cache while {len(self.running)} requests run and {waiting} wait")
         self.cache_manager.flush()
 
@@ -388,7 +394,7 @@ class Scheduler:
         return StatsSnapshot(
             replace(self.stats),
             len(self.running),
-            len(self.waiting) + len(self.compiling),  # those waiting for their grammar too
+            len(self.queued),
             self.kv_usage(),
             dict(self.engine.memory),
         )

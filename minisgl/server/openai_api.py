@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -41,6 +42,9 @@ DEFAULT_MAX_TOKENS = 256  # when the client sets none: up to this many, never pa
 MAX_N = 4
 MAX_BATCH_PROMPTS = 32
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
+# SamplingParams fields these routes fill from a request field of another name. The engine's errors
+# name the former; the client sent the latter (OpenAI's own errors say "response_format" for a bad schema).
+_REQUEST_FIELDS = {"json_schema": "response_format", "ebnf": "tools"}
 
 
 def openai_router(ctx: ServerContext) -> APIRouter:
@@ -55,21 +59,24 @@ def openai_router(ctx: ServerContext) -> APIRouter:
         prompts = [chat_prompt_ids(ctx.tokenizer, body.messages, offered)]
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = _params(ctx, body, prompts, max_tokens, _forced_call(tools, choice))
-        gen = ctx.generation(prompts, params, body.n or 1, body.cache_salt)
         meta = _Meta("chatcmpl", "chat.completion", ctx.model_name)
-        if offered:
-            calls = ChatToolCalls(offered)
-            return await _respond(request, gen, body, meta, calls.choice, calls.chunk)
-        return await _respond(request, gen, body, meta, _chat_choice, _chat_chunk)
+        with _request_fields():
+            gen = ctx.generation(prompts, params, body.n or 1, body.cache_salt)
+            if offered:
+                calls = ChatToolCalls(offered)
+                return await _respond(request, gen, body, meta, calls.choice, calls.chunk)
+            return await _respond(request, gen, body, meta, _chat_choice, _chat_chunk)
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = decode_body(await ctx.body(request), CompletionRequest)
         _check_common(ctx, body)
         prompts = completion_prompt_ids(ctx.tokenizer, body.prompt)
-        gen = ctx.generation(prompts, _params(ctx, body, prompts, body.max_tokens), body.n or 1, body.cache_salt)
+        params = _params(ctx, body, prompts, body.max_tokens)
         meta = _Meta("cmpl", "text_completion", ctx.model_name)
-        return await _respond(request, gen, body, meta, _completion_choice, _completion_chunk)
+        with _request_fields():
+            gen = ctx.generation(prompts, params, body.n or 1, body.cache_salt)
+            return await _respond(request, gen, body, meta, _completion_choice, _completion_chunk)
 
     return router
 
@@ -112,7 +119,9 @@ def _checked_calls(calls: list[dict[str, Any]], where: str) -> list[dict[str, An
     for j, call in enumerate(calls):
         function = call.get("function")
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise ApiError(400, f'{where}[{j}] must be {{"type": "function", "function": {{"name", "arguments"}}}}', param=where)
+            raise ApiError(
+                400, f'{where}[{j}] must be {{"type": "function", "function": {{"name", "arguments"}}}}', param=where
+            )
         if not isinstance(function.get("arguments", "{}"), str):
             raise ApiError(400, f"{where}[{j}].function.arguments must be JSON text", param=where)
     return calls
@@ -135,6 +144,17 @@ def completion_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str | list
 
 
 # -- parameters --------------------------------------------------------------------------------
+@contextmanager
+def _request_fields() -> Iterator[None]:
+    """An ``ApiError`` raised inside (by validation or the scheduler's answer) names the request's field."""
+    try:
+        yield
+    except ApiError as e:
+        if e.param in _REQUEST_FIELDS:
+            e.param = _REQUEST_FIELDS[e.param]
+        raise
+
+
 def _check_common(ctx: ServerContext, body: OpenAISampling) -> None:
     ctx.check_model(body.model)
     unsupported = body.unsupported()

@@ -134,7 +134,7 @@ class SchedulerLoop:
         usage = {
             **self.scheduler.kv_usage(),
             "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting),
+            "waiting": len(self.scheduler.queued),
             "scheduler_pid": os.getpid(),
         }
         try:
@@ -151,7 +151,7 @@ class SchedulerLoop:
         requests = [
             self._request_view(req, "prefill" if req.is_prefilling else "decode") for req in self.scheduler.running
         ]
-        requests += [self._request_view(req, "waiting") for req in self.scheduler.waiting]
+        requests += [self._request_view(req, "waiting") for req in self.scheduler.queued]
         return CacheReport(msg.call_id, tree, requests, self.scheduler.snapshot())
 
     def _request_view(self, req: Req, state: RequestState) -> RequestView:
