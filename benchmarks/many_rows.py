@@ -19,7 +19,7 @@ from benchmarks.machine import cpu_flags, load_average, machine_info
 from minisgl.kernels.native import KERNEL_CHOICES, resolve_kernels
 from minisgl.layers.linear import Linear, pack_weights
 from minisgl.layers.quant import DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
-from minisgl.tuning import DEQUANT_BUFFER_BYTES
+from minisgl.tuning import DEQUANT_BUFFER_ELEMENTS
 
 # (name, out, in): the fused projections of a layer, and the LM head.
 SHAPES = {

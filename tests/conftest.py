@@ -13,7 +13,6 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from minisgl import LLM
 from minisgl.kernels.native import VARIANTS, CpuKernels, cpu_flags, cpu_paths, host_variants, resolve_kernels
 from minisgl.models.gguf import default_model_path
-from minisgl.tuning import many_row_gemm_dtype
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +67,7 @@ def hf_greedy(model: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Which CPU paths this host ran (the C kernels, oneDNN's bf16 instructions): the tests of each
     path run where the host can execute it and skip, saying why, where it cannot."""
-    for path, code in cpu_paths(resolve_kernels("auto"), many_row_gemm_dtype()).items():
+    for path, code in cpu_paths(resolve_kernels("auto")).items():
         terminalreporter.write_line(f"minisgl quantized products, {path}: {code}")
     runnable = ", ".join(v.name for v in host_variants(cpu_flags())) or "none"
     passed = [report.nodeid for report in terminalreporter.stats.get("passed", [])]

@@ -127,22 +127,21 @@ def test_largest_int8_values_stay_inside_the_int32_sums(kernels: CpuKernels) -> 
     torch.testing.assert_close(y, x @ codes.float().T, rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("n, k", [(3, 64), (40, 320)])
-def test_dequantized_bands_equal_the_reference_and_torch(kernels: CpuKernels, n: int, k: int, dtype: torch.dtype) -> None:
+def test_dequantized_bands_equal_the_reference_and_torch(kernels: CpuKernels, n: int, k: int) -> None:
     g = torch.Generator().manual_seed(k)
     dense = torch.randn(n, k, generator=g)
     int4, int8 = Int4Weight.quantize(dense), Int8Weight.quantize(dense)
     for start, rows in ((0, n), (1, n - 2), (n - 1, 1)):
-        simd, reference = (torch.empty(rows, k, dtype=dtype) for _ in range(2))
+        simd, reference = (torch.empty(rows, k, dtype=torch.bfloat16) for _ in range(2))
         kernels.int4_dequantize(int4.codes, int4.scale, int4.minimum, start, simd)
         kernels.int4_dequantize(int4.codes, int4.scale, int4.minimum, start, reference, reference=True)
         assert torch.equal(simd, reference)
-        assert torch.equal(simd, int4.dequantize()[start : start + rows].to(dtype))
+        assert torch.equal(simd, int4.dequantize()[start : start + rows].bfloat16())
         kernels.int8_dequantize(int8.codes, int8.scale, start, simd)
         kernels.int8_dequantize(int8.codes, int8.scale, start, reference, reference=True)
         assert torch.equal(simd, reference)
-        assert torch.equal(simd, int8.dequantize()[start : start + rows].to(dtype))
+        assert torch.equal(simd, int8.dequantize()[start : start + rows].bfloat16())
 
 
 def softmax_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -200,8 +199,8 @@ def test_products_refuse_what_the_c_code_cannot_read(kernels: CpuKernels) -> Non
         kernels.int4(weight.codes, weight.scale, weight.minimum.float())
     with pytest.raises(ValueError, match="int8 weight codes must have a multiple of 32 columns"):
         kernels.int8(torch.zeros(4, 48, dtype=torch.int8), torch.ones(4))
-    with pytest.raises(ValueError, match="out must be torch.bfloat16 or torch.float32"):
-        kernels.int4_dequantize(weight.codes, weight.scale, weight.minimum, 0, torch.empty(2, 128, dtype=torch.float16))
+    with pytest.raises(ValueError, match="out must be torch.bfloat16"):
+        kernels.int4_dequantize(weight.codes, weight.scale, weight.minimum, 0, torch.empty(2, 128))
     with pytest.raises(ValueError, match="rows 7..9 outside the weight's 8"):
         kernels.int4_dequantize(weight.codes, weight.scale, weight.minimum, 7, torch.empty(2, 128).bfloat16())
     with pytest.raises(ValueError, match="delta must have shape"):

@@ -20,7 +20,6 @@ from minisgl.config import EngineConfig
 from minisgl.kernels.native import VARIANTS, cpu_flags, host_variants, resolve_kernels
 from minisgl.layers.linear import Linear
 from minisgl.layers.quant import INT4_GROUP, DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
-from minisgl.tuning import FP32_GEMM_MARGIN, faster_gemm_dtype, many_row_gemm_dtype
 from minisgl.models.gguf import default_model_path
 from minisgl.models.gguf_tensors import INT4_EXACT, GGUFTensors, int4_from_blocks
 from minisgl.models.perplexity import perplexity, sequence_logits
@@ -54,30 +53,17 @@ def dense_of(kind: str, blocks: np.ndarray) -> torch.Tensor:
 
 
 def assert_matmul_close(weight: QuantizedWeight, dense: torch.Tensor) -> None:
-    """Kernel path (few rows) and many-row path (more than ``max_kernel_rows``: a bf16 or fp32 GEMM on
-    the expanded weight, in one band and in several) against fp64 x W^T."""
+    """Kernel path (few rows) and many-row path (more than ``max_kernel_rows``: bf16 GEMM on the
+    expanded weight, in one band and in several) against fp64 x W^T."""
     torch.manual_seed(0)
-    # The whole weight at once; bands of 40 rows, in each dtype the host may pick.
-    buffers = (None, DequantBuffer(IN * 40), DequantBuffer(IN * 40, torch.float32))
     for rows in (1, 3, 7, weight.max_kernel_rows, weight.max_kernel_rows + 1, 70):
-        for buffer in buffers:
+        for buffer in (None, DequantBuffer(IN * 40)):  # the whole weight at once; bands of 40 rows
             weight.buffer = buffer
             x = torch.randn(rows, IN)
             ref = x.double() @ dense.double().T
             err = (weight(x).double() - ref).abs().max() / ref.abs().max()
             assert err < MATMUL_TOLERANCE, (rows, buffer, err.item())
     weight.buffer = None
-
-
-def test_many_row_gemm_dtype_is_fp32_only_where_clearly_faster() -> None:
-    """The host's measured choice: fp32 where it takes at most ``FP32_GEMM_MARGIN`` of bf16's time."""
-    assert faster_gemm_dtype(1.0, 0.5) == torch.float32
-    assert faster_gemm_dtype(1.0, FP32_GEMM_MARGIN) == torch.float32
-    assert faster_gemm_dtype(1.0, 0.95) == torch.bfloat16  # close: bf16, the smaller buffer
-    assert faster_gemm_dtype(0.5, 1.0) == torch.bfloat16
-    assert many_row_gemm_dtype() in (torch.bfloat16, torch.float32)
-    with pytest.raises(ValueError, match="bf16 or fp32"):
-        DequantBuffer(64, torch.float16)
 
 
 @pytest.mark.parametrize("kind", INT4_EXACT)

@@ -23,7 +23,6 @@ from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import local_heads
 from minisgl.models.loader import load_model, memory_bytes, resolve_gguf_file
 from minisgl.sampling import Sampled, Sampler
-from minisgl.tuning import many_row_gemm_dtype
 
 if TYPE_CHECKING:
     from minisgl.distributed.group import TPGroup
@@ -79,8 +78,7 @@ class Engine:
             kernels = self.kernels.variant.description if self.kernels is not None else "none (torch's kernels)"
             logger.info("C kernels (kernels=%s): %s", config.kernels, kernels)
         if quantized and self.device.type == "cpu":
-            paths = cpu_paths(self.kernels, many_row_gemm_dtype())
-            logger.info("quantized products: %s", "; ".join(f"{k}: {v}" for k, v in paths.items()))
+            logger.info("quantized products: %s", "; ".join(f"{k}: {v}" for k, v in cpu_paths(self.kernels).items()))
 
     @torch.inference_mode()
     def run_model(self, batch: Batch) -> torch.Tensor:

@@ -333,27 +333,26 @@ class CpuKernels:
         reference: bool = False,
     ) -> None:  # fmt: skip
         """Rows ``start .. start + len(out)`` of an int4 weight (``int4``'s buffers) into ``out``,
-        [rows, K] bf16 or fp32."""
+        [rows, K] bf16."""
         n, k = _check_int4("int4 weight", (codes, scale, minimum))
-        out_bf16 = _check_band(n, k, start, out)
-        args = (*map(self.pointer, (codes, scale, minimum)), k, start, out.shape[0], self.pointer(out), out_bf16)
+        _check_band(n, k, start, out)
+        args = (*map(self.pointer, (codes, scale, minimum)), k, start, out.shape[0], self.pointer(out))
         if reference:
-            self.lib.int4_dequantize_ref(*args)
+            self.lib.int4_dequantize_bf16_ref(*args)
         else:
-            self.lib.int4_dequantize(*args, torch.get_num_threads())
+            self.lib.int4_dequantize_bf16(*args, torch.get_num_threads())
 
     def int8_dequantize(
         self, codes: torch.Tensor, scale: torch.Tensor, start: int, out: torch.Tensor, reference: bool = False
     ) -> None:
-        """Rows ``start .. start + len(out)`` of an int8 weight into ``out``, [rows, K] bf16 or fp32 (K a
-        multiple of 16)."""
+        """Rows ``start .. start + len(out)`` of an int8 weight into ``out``, [rows, K] bf16 (K a multiple of 16)."""
         n, k = _check_int8("int8 weight", (codes, scale), multiple=16)
-        out_bf16 = _check_band(n, k, start, out)
-        args = (self.pointer(codes), self.pointer(scale), k, start, out.shape[0], self.pointer(out), out_bf16)
+        _check_band(n, k, start, out)
+        args = (self.pointer(codes), self.pointer(scale), k, start, out.shape[0], self.pointer(out))
         if reference:
-            self.lib.int8_dequantize_ref(*args)
+            self.lib.int8_dequantize_bf16_ref(*args)
         else:
-            self.lib.int8_dequantize(*args, torch.get_num_threads())
+            self.lib.int8_dequantize_bf16(*args, torch.get_num_threads())
 
     def paged_decode_attention(
         self,
@@ -428,12 +427,10 @@ def _check_heads(heads: int, kv_heads: int, d: int) -> None:
                          f"got {heads} heads, {kv_heads} KV heads, head_dim {d}")  # fmt: skip
 
 
-def _check_band(n: int, k: int, start: int, out: torch.Tensor) -> int:
-    """The dequantize kernels' ``out_bf16`` flag for ``out``, checked against the weight's shape."""
-    _check("out", out, (torch.bfloat16, torch.float32), (None, k))
+def _check_band(n: int, k: int, start: int, out: torch.Tensor) -> None:
+    _check("out", out, (torch.bfloat16,), (None, k))
     if not 0 <= start <= start + out.shape[0] <= n:
         raise ValueError(f"rows {start}..{start + out.shape[0]} outside the weight's {n}")
-    return int(out.dtype == torch.bfloat16)
 
 
 class FusedDecoder:
@@ -530,15 +527,11 @@ class FusedDecoder:
         return out, residual
 
 
-def cpu_paths(kernels: CpuKernels | None, gemm_dtype: torch.dtype) -> dict[str, str]:
+def cpu_paths(kernels: CpuKernels | None) -> dict[str, str]:
     """Which code runs the quantized products with ``kernels`` on this host, in words (the start-up
-    log, the test suite's header): the few-row kernels, and the many-row ones: the weight expanded to
-    ``gemm_dtype`` (``tuning.many_row_gemm_dtype``: the one the host's GEMM is faster in), then torch's
-    GEMM (oneDNN for bf16, which asks the kernel for AMX tiles itself, ``arch_prctl(ARCH_REQ_XCOMP_PERM)``)."""
+    log, the test suite's header): the few-row kernels, and the instructions oneDNN's bf16 GEMM can
+    use for the many-row ones (it asks the kernel for AMX tiles itself, ``arch_prctl(ARCH_REQ_XCOMP_PERM)``)."""
     few = f"minisgl C kernels ({kernels.variant.description})" if kernels is not None else "torch's int4/int8 kernels"
-    if gemm_dtype == torch.float32:
-        isa = torch.backends.cpu.get_cpu_capability()
-        return {"few rows": few, "many rows": f"fp32 expansion + torch's fp32 GEMM ({isa}; faster than bf16 here)"}
     if torch.cpu._is_amx_tile_supported():
         gemm = "AMX-BF16"
     elif torch.cpu._is_avx512_bf16_supported():

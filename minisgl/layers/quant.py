@@ -56,16 +56,13 @@ INT4_NIBBLES = torch.argsort(INT4_COLUMNS)  # inverse: the nibble of each column
 
 
 class DequantBuffer:
-    """The buffer that the many-row products of every quantized weight expand their weight into, a band
-    of output rows at a time: what those products add to memory is its size, not the model's. Its
-    dtype (bf16 or fp32) is the one their GEMM runs in."""
+    """The bf16 buffer that the many-row products of every quantized weight expand their weight into,
+    a band of output rows at a time: what those products add to memory is its size, not the model's."""
 
-    def __init__(self, elements: int, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(self, elements: int) -> None:
         if elements < 1:
             raise ValueError(f"a dequantization buffer needs at least one element, got {elements}")
-        if dtype not in (torch.bfloat16, torch.float32):
-            raise ValueError(f"a dequantization buffer is bf16 or fp32, got {dtype}")
-        self.data = torch.empty(elements, dtype=dtype)
+        self.data = torch.empty(elements, dtype=torch.bfloat16)
 
     @property
     def nbytes(self) -> int:
@@ -87,8 +84,8 @@ class QuantizedWeight(nn.Module):
     kernels: CpuKernels | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """On the CPU: the kernels for at most ``max_kernel_rows`` rows, a GEMM on the expanded weight
-        beyond."""
+        """On the CPU: the kernels for at most ``max_kernel_rows`` rows, bf16 GEMM on the expanded
+        weight beyond."""
         rows = x.reshape(-1, self.in_features)
         y = self.kernel(rows) if rows.shape[0] <= self.max_kernel_rows else self.many_rows(rows)
         if y.dtype == x.dtype and x.dim() == 2:  # the decode step's case: nothing to reshape or cast
@@ -100,19 +97,18 @@ class QuantizedWeight(nn.Module):
         raise NotImplementedError
 
     def many_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """[rows, in] → [rows, out] in the buffer's dtype: the weight expanded into it band by band,
-        then the GEMM."""
+        """[rows, in] → [rows, out] bf16: the weight expanded to bf16 band by band, then bf16 GEMM."""
         n, k = self.out_features, self.in_features
         buffer = self.buffer if self.buffer is not None else DequantBuffer(n * k)  # a weight on its own
         band = min(n, buffer.data.numel() // k)
         if band < 1:
             raise ValueError(f"dequantization buffer of {buffer.data.numel()} elements holds no row of {k}")
-        x = rows.to(buffer.data.dtype)
+        x = rows.to(torch.bfloat16)
         if band == n:
             w = buffer.band(n, k)
             self.expand(0, w)
             return F.linear(x, w)
-        y = torch.empty(x.shape[0], n, dtype=x.dtype)
+        y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
         for start in range(0, n, band):
             w = buffer.band(min(band, n - start), k)
             self.expand(start, w)
@@ -120,7 +116,7 @@ class QuantizedWeight(nn.Module):
         return y
 
     def expand(self, start: int, out: torch.Tensor) -> None:
-        """Output rows ``start .. start + len(out)`` dequantized into ``out`` ([rows, in] bf16 or fp32)."""
+        """Output rows ``start .. start + len(out)`` dequantized into ``out`` ([rows, in] bf16)."""
         raise NotImplementedError
 
     def lookup(self, ids: torch.Tensor | slice) -> torch.Tensor:

@@ -34,7 +34,7 @@ from minisgl.layers.quant import (
     QuantizedWeight,
     quantize_weight,
 )
-from minisgl.tuning import DEQUANT_BUFFER_BYTES, many_row_gemm_dtype
+from minisgl.tuning import DEQUANT_BUFFER_ELEMENTS
 from minisgl.models.gguf_tensors import INT4_EXACT, INT8_NEAREST, GGUFTensors
 
 QUANTIZATION_MODES = ("auto", "none", "int4", "int8")
@@ -161,10 +161,9 @@ def apply_quantization(
 
 
 def _shared_buffer(plan: dict[str, QuantizedWeight]) -> DequantBuffer:
-    """Room for the largest weight inside the decoder layers (up to ``DEQUANT_BUFFER_BYTES``), in the
-    dtype the host's GEMM is faster in: larger ones, and the vocabulary-sized LM head, run band by band."""
+    """Room for the largest weight inside the decoder layers (up to ``DEQUANT_BUFFER_ELEMENTS``):
+    larger ones, and the vocabulary-sized LM head, run band by band."""
     layer_weights = [w for name, w in plan.items() if name.startswith("model.layers.")] or list(plan.values())
     largest = max(w.out_features * w.in_features for w in layer_weights)
     widest = max(w.in_features for w in plan.values())
-    dtype = many_row_gemm_dtype()
-    return DequantBuffer(max(widest, min(largest, DEQUANT_BUFFER_BYTES // dtype.itemsize)), dtype)
+    return DequantBuffer(max(widest, min(largest, DEQUANT_BUFFER_ELEMENTS)))

@@ -1,12 +1,11 @@
-// Quantized weights expanded to bf16 or fp32 (`out_bf16`), a band of output rows at a time, for the
-// many-row products (prefill, large decode batches): there the arithmetic, not the weight's bytes,
-// sets the time, and torch's GEMM in the faster of the two on the host (layers/quant.py) beats the
-// integer kernels of quant_gemm.c. The caller reuses one small buffer for every layer, so no dense
-// copy of the model is ever held.
+// Quantized weights expanded to bf16, a band of output rows at a time, for the many-row products
+// (prefill, large decode batches): there the arithmetic, not the weight's bytes, sets the time, and
+// torch's bf16 GEMM (oneDNN, AMX where the CPU has it) beats the integer kernels of quant_gemm.c.
+// The caller reuses one small buffer for every layer, so no dense copy of the model is ever held.
 //
-// The value is code * scale + minimum (int4) or code * scale (int8) in fp32; bf16 is rounded from it
-// to nearest even, as torch's fp32 -> bf16 cast rounds. The SIMD bodies compute exactly the
-// references' values (one fused multiply-add or one product per weight).
+// bf16 is rounded to nearest even from the fp32 value code * scale + minimum (int4) or code *
+// scale (int8), as torch's fp32 -> bf16 cast rounds. The SIMD bodies compute exactly the references'
+// values (one fused multiply-add or one product per weight).
 //
 // Threads: output rows are split over `threads` OpenMP threads.
 
@@ -19,15 +18,8 @@
 #define GROUP 32
 #define PAIR 64
 
-static inline void store_value(void *out, int out_bf16, int64_t at, float v) {
-    if (out_bf16)
-        ((uint16_t *)out)[at] = bf16_of(v);
-    else
-        ((float *)out)[at] = v;
-}
-
-void int4_dequantize_ref(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K,
-                         int64_t row0, int64_t rows, void *out, int out_bf16) {
+void int4_dequantize_bf16_ref(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K,
+                              int64_t row0, int64_t rows, uint16_t *out) {
     const int64_t groups = K / GROUP;
     for (int64_t r = 0; r < rows; r++) {
         const int64_t o = row0 + r;
@@ -37,39 +29,22 @@ void int4_dequantize_ref(const uint8_t *codes, const uint16_t *scale, const uint
                 const uint8_t byte = codes[o * (K / 2) + p * 32 + j % 32];
                 const float q = (float)(j < 32 ? byte & 0x0F : byte >> 4);
                 const int64_t g = o * groups + 2 * p + column / GROUP;
-                store_value(out, out_bf16, r * K + p * PAIR + column, fmaf(q, float_of_fp16(scale[g]), float_of_fp16(minimum[g])));
+                out[r * K + p * PAIR + column] = bf16_of(fmaf(q, float_of_fp16(scale[g]), float_of_fp16(minimum[g])));
             }
     }
 }
 
-void int8_dequantize_ref(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows, void *out,
-                         int out_bf16) {
+void int8_dequantize_bf16_ref(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows,
+                              uint16_t *out) {
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t k = 0; k < K; k++)
-            store_value(out, out_bf16, r * K + k, (float)codes[(row0 + r) * K + k] * scale[row0 + r]);
+        for (int64_t k = 0; k < K; k++) out[r * K + k] = bf16_of((float)codes[(row0 + r) * K + k] * scale[row0 + r]);
 }
 
 #if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
 
-#if defined(KERNELS_AVX512)
-static inline void store16(void *out, int out_bf16, int64_t at, __m512 v) {
-    if (out_bf16)
-        _mm256_storeu_si256((__m256i *)((uint16_t *)out + at), round_to_bf16_512(v));
-    else
-        _mm512_storeu_ps((float *)out + at, v);
-}
-#else
-static inline void store8(void *out, int out_bf16, int64_t at, __m256 v) {
-    if (out_bf16)
-        _mm_storeu_si128((__m128i *)((uint16_t *)out + at), round_to_bf16_256(v));
-    else
-        _mm256_storeu_ps((float *)out + at, v);
-}
-#endif
-
-// Rows [row0, row0 + rows) of an int4 weight (quant_gemm.c's layout) into out: [rows, K] bf16 or fp32.
-void int4_dequantize(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K, int64_t row0,
-                     int64_t rows, void *out, int out_bf16, int threads) {
+// Rows [row0, row0 + rows) of an int4 weight (quant_gemm.c's layout) into out: [rows, K] bf16.
+void int4_dequantize_bf16(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K,
+                          int64_t row0, int64_t rows, uint16_t *out, int threads) {
     const int64_t pairs = K / PAIR, groups = K / GROUP;
     const __m256i nibble = _mm256_set1_epi8(0x0F);
 #if defined(KERNELS_AVX512)
@@ -93,7 +68,7 @@ void int4_dequantize(const uint8_t *codes, const uint16_t *scale, const uint16_t
                 const int64_t g = o * groups + 2 * p + c / GROUP;
                 const __m512 s = _mm512_set1_ps(_cvtsh_ss(scale[g])), m = _mm512_set1_ps(_cvtsh_ss(minimum[g]));
                 const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(column + c))));
-                store16(out, out_bf16, r * K + p * PAIR + c, _mm512_fmadd_ps(w, s, m));
+                _mm256_storeu_si256((__m256i *)(out + r * K + p * PAIR + c), round_to_bf16_512(_mm512_fmadd_ps(w, s, m)));
             }
 #else
             const __m256i a = _mm256_permutevar8x32_epi32(lo, order), b = _mm256_permutevar8x32_epi32(hi, order);
@@ -103,16 +78,16 @@ void int4_dequantize(const uint8_t *codes, const uint16_t *scale, const uint16_t
                 const int64_t g = o * groups + 2 * p + c / GROUP;
                 const __m256 s = _mm256_set1_ps(_cvtsh_ss(scale[g])), m = _mm256_set1_ps(_cvtsh_ss(minimum[g]));
                 const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(column + c))));
-                store8(out, out_bf16, r * K + p * PAIR + c, _mm256_fmadd_ps(w, s, m));
+                _mm_storeu_si128((__m128i *)(out + r * K + p * PAIR + c), round_to_bf16_256(_mm256_fmadd_ps(w, s, m)));
             }
 #endif
         }
     }
 }
 
-// Rows [row0, row0 + rows) of an int8 weight into out: [rows, K] bf16 or fp32 (K a multiple of 16).
-void int8_dequantize(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows, void *out,
-                     int out_bf16, int threads) {
+// Rows [row0, row0 + rows) of an int8 weight into out: [rows, K] bf16 (K a multiple of 16).
+void int8_dequantize_bf16(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows,
+                          uint16_t *out, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t o = row0 + r;
@@ -120,13 +95,13 @@ void int8_dequantize(const int8_t *codes, const float *scale, int64_t K, int64_t
         const __m512 s = _mm512_set1_ps(scale[o]);
         for (int64_t k = 0; k < K; k += 16) {
             const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(codes + o * K + k))));
-            store16(out, out_bf16, r * K + k, _mm512_mul_ps(w, s));
+            _mm256_storeu_si256((__m256i *)(out + r * K + k), round_to_bf16_512(_mm512_mul_ps(w, s)));
         }
 #else
         const __m256 s = _mm256_set1_ps(scale[o]);
         for (int64_t k = 0; k < K; k += 8) {
             const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(codes + o * K + k))));
-            store8(out, out_bf16, r * K + k, _mm256_mul_ps(w, s));
+            _mm_storeu_si128((__m128i *)(out + r * K + k), round_to_bf16_256(_mm256_mul_ps(w, s)));
         }
 #endif
     }
@@ -134,16 +109,16 @@ void int8_dequantize(const int8_t *codes, const float *scale, int64_t K, int64_t
 
 #else  // no SIMD: the references are the bodies
 
-void int4_dequantize(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K, int64_t row0,
-                     int64_t rows, void *out, int out_bf16, int threads) {
+void int4_dequantize_bf16(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K,
+                          int64_t row0, int64_t rows, uint16_t *out, int threads) {
     (void)threads;
-    int4_dequantize_ref(codes, scale, minimum, K, row0, rows, out, out_bf16);
+    int4_dequantize_bf16_ref(codes, scale, minimum, K, row0, rows, out);
 }
 
-void int8_dequantize(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows, void *out,
-                     int out_bf16, int threads) {
+void int8_dequantize_bf16(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows,
+                          uint16_t *out, int threads) {
     (void)threads;
-    int8_dequantize_ref(codes, scale, K, row0, rows, out, out_bf16);
+    int8_dequantize_bf16_ref(codes, scale, K, row0, rows, out);
 }
 
 #endif

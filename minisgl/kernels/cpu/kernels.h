@@ -73,15 +73,14 @@ int int8_matmul(const float *x, int64_t rows, int64_t K, const int8_t *codes, co
 int int8_matmul_ref(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
                     float *y);
 
-// out: [rows, K] bf16 (out_bf16 = 1) or fp32 (0).
-void int4_dequantize(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K, int64_t row0,
-                     int64_t rows, void *out, int out_bf16, int threads);
-void int4_dequantize_ref(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K,
-                         int64_t row0, int64_t rows, void *out, int out_bf16);
-void int8_dequantize(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows, void *out,
-                     int out_bf16, int threads);
-void int8_dequantize_ref(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows, void *out,
-                         int out_bf16);
+void int4_dequantize_bf16(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K,
+                          int64_t row0, int64_t rows, uint16_t *out, int threads);
+void int4_dequantize_bf16_ref(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K,
+                              int64_t row0, int64_t rows, uint16_t *out);
+void int8_dequantize_bf16(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows,
+                          uint16_t *out, int threads);
+void int8_dequantize_bf16_ref(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows,
+                              uint16_t *out);
 
 // The slots and lengths are checked against `slots` (the pool's) and `stride` before anything is written.
 int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,
