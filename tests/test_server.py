@@ -430,7 +430,7 @@ REJECTIONS: list[tuple[str, str, Any, RejectionCode, str | None]] = [
     ("two grammars", GENERATE, {"text": "a", "sampling_params": {"regex": "a", "ebnf": 'root ::= "a"'}},
      RejectionCode.INVALID_GRAMMAR, None),
     ("bad schema", CHAT, {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "array", "uniqueItems": True}}}}, RejectionCode.INVALID_GRAMMAR, "json_schema"),
+        "name": "x", "schema": {"type": "array", "uniqueItems": True}}}}, RejectionCode.INVALID_GRAMMAR, "response_format"),
     ("max_tokens beyond context", CHAT, {"messages": HI, "max_tokens": 100_000},
      RejectionCode.CONTEXT_LENGTH_EXCEEDED, None),
     ("prompt beyond context", COMPLETIONS, {"prompt": "hello " * 9000}, RejectionCode.CONTEXT_LENGTH_EXCEEDED, None),
