@@ -445,7 +445,9 @@ def test_rejections_cover_every_code() -> None:
 
 
 @pytest.mark.parametrize("case,path,body,code,param", REJECTIONS, ids=[c[0] for c in REJECTIONS])
-def test_rejection_fields(server: Server, case: str, path: str, body: Any, code: RejectionCode, param: str | None) -> None:
+def test_rejection_fields(
+    server: Server, case: str, path: str, body: Any, code: RejectionCode, param: str | None
+) -> None:
     r = server.post(path, json=body)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
