@@ -430,7 +430,7 @@ REJECTIONS: list[tuple[str, str, Any, RejectionCode, str | None]] = [
     ("two grammars", GENERATE, {"text": "a", "sampling_params": {"regex": "a", "ebnf": 'root ::= "a"'}},
      RejectionCode.INVALID_GRAMMAR, None),
     ("bad schema", CHAT, {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "array", "uniqueItems": True}}}}, RejectionCode.INVALID_GRAMMAR, "json_schema"),
+        "name": "x", "schema": {"type": "array", "uniqueItems": True}}}}, RejectionCode.INVALID_GRAMMAR, "response_format"),
     ("max_tokens beyond context", CHAT, {"messages": HI, "max_tokens": 100_000},
      RejectionCode.CONTEXT_LENGTH_EXCEEDED, None),
     ("prompt beyond context", COMPLETIONS, {"prompt": "hello " * 9000}, RejectionCode.CONTEXT_LENGTH_EXCEEDED, None),
@@ -445,7 +445,9 @@ def test_rejections_cover_every_code() -> None:
 
 
 @pytest.mark.parametrize("case,path,body,code,param", REJECTIONS, ids=[c[0] for c in REJECTIONS])
-def test_rejection_fields(server: Server, case: str, path: str, body: Any, code: RejectionCode, param: str | None) -> None:
+def test_rejection_fields(
+    server: Server, case: str, path: str, body: Any, code: RejectionCode, param: str | None
+) -> None:
     r = server.post(path, json=body)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
