@@ -165,7 +165,7 @@ def test_bad_model_paths(tmp_path: Path) -> None:
     folder = build_tiny_model("llama", tmp_path / "m")
     config = (folder / "config.json").read_text().replace("LlamaForCausalLM", "MadeUpForCausalLM")
     (folder / "config.json").write_text(config)
-    supported = r"choose one of \['LlamaForCausalLM', 'MistralForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM', 'Qwen3MoeForCausalLM'\]"
+    supported = r"choose one of \['Gemma3ForCausalLM', 'LlamaForCausalLM', 'MistralForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM', 'Qwen3MoeForCausalLM'\]"
     with pytest.raises(ValueError, match=f"unsupported architecture 'MadeUpForCausalLM'; {supported}"):
         LLM(str(folder))
 
