@@ -16,6 +16,7 @@ from minisgl.sampling import Sampler, SamplingRows
 class ForwardPass:
     batch: Batch
     reqs: list[Req]  # in batch order
+    new_tokens: list[int]  # each request's tokens in the pass, its draft included
     sampled: list[Req]  # the requests sampled, in the order of their rows in ``batch.sample_rows``
     prefilled: list[Req]  # the requests computing prompt tokens (a chunk of the prompt, or its end)
     prefill_tokens: int  # prompt tokens computed
@@ -62,16 +63,24 @@ class ForwardPass:
                     rows.generators.append(Sampler.generator_for(req.params, position))
                     rows.grammars.append(req.grammar)
         pos = torch.tensor(positions, dtype=torch.int64, device=device)
-        one_each = len(sampled) == len(reqs) and all(n == 1 for n in extend_lens)
+        if len(sample_rows) == len(ids):
+            # Every token is sampled (decoding, with or without a draft): each is one decode query
+            # attending to its request's KV up to its own position, so a draft is verified by the
+            # decode kernels (the single C call among them) rather than as a prefill extension.
+            attention, query_rows, query_prefixes = AttentionKind.DECODE, token_rows, positions
+            query_lens = [1] * len(ids)
+        else:
+            attention, query_rows = AttentionKind.EXTEND, [r.row for r in reqs]
+            query_prefixes, query_lens = [r.device_len for r in reqs], extend_lens
         batch = Batch(
-            attention=AttentionKind.DECODE if one_each else AttentionKind.EXTEND,
+            attention=attention,
             input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
             positions=pos,
             out_slots=page_table[torch.tensor(token_rows, dtype=torch.int64, device=device), pos],
-            table_rows=torch.tensor([r.row for r in reqs], dtype=torch.int64),
-            prefix_lens=torch.tensor([r.device_len for r in reqs], dtype=torch.int64),
-            extend_lens=torch.tensor(extend_lens, dtype=torch.int64),
+            table_rows=torch.tensor(query_rows, dtype=torch.int64),
+            prefix_lens=torch.tensor(query_prefixes, dtype=torch.int64),
+            extend_lens=torch.tensor(query_lens, dtype=torch.int64),
             sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=device),
             sampling=rows,
         )
-        return cls(batch, reqs, sampled, prefills, sum(prefill_lens), sum(decode_lens), drafts)
+        return cls(batch, reqs, extend_lens, sampled, prefills, sum(prefill_lens), sum(decode_lens), drafts)

@@ -231,7 +231,7 @@ class Scheduler:
         """The KV is computed: advance every request (a draft token's KV counts once it is kept),
         hand prefilled KV to the cache, count."""
         kv_read = int(work.batch.kv_lens.sum())
-        for req, n in zip(work.reqs, work.batch.extend_lens.tolist()):
+        for req, n in zip(work.reqs, work.new_tokens):
             req.device_len += n - len(work.drafts.get(req, ()))
         for req in work.prefilled:
             self.cache_manager.commit(req, finished=False)
