@@ -23,6 +23,11 @@ DEQUANT_BUFFER_ELEMENTS = 1 << 25
 # crossover (``INT4_MAX_KERNEL_ROWS``, ``benchmarks.many_rows``) the layer-by-layer path, whose
 # products switch to bf16 GEMM, is faster.
 FUSED_DECODE_MAX_BATCH = INT4_MAX_KERNEL_ROWS
+# Speculative decoding drafts only while a pass keeps at most this many tokens (its decoding requests
+# and their drafts), so that verification stays on the kernels and the single-call step: the harness's
+# copy, multi-turn and shared-prefix workloads with ``minisgl-spec`` against ``minisgl``
+# (``python -m benchmarks --online minisgl,minisgl-spec``).
+DRAFT_MAX_PASS_ROWS = FUSED_DECODE_MAX_BATCH
 
 # -- attention (``attention/``) ----------------------------------------------------------------------
 # A KV run shared by at least this many slots is attended once for its group (``CascadeDecode``);

@@ -25,6 +25,7 @@ import torch
 
 from minisgl.kvcache.base import PrefixCache
 from minisgl.request import Req
+from minisgl.tuning import DRAFT_MAX_PASS_ROWS
 
 PROBE_INTERVAL = 16
 
@@ -47,22 +48,28 @@ class NgramDrafter:
         self._states: dict[Req, _DraftState] = {}
         self._passes = 0
 
-    def drafts(self, reqs: list[Req]) -> dict[Req, list[int]]:
-        """Draft tokens for this pass's decoding requests, for those that have one."""
+    def drafts(self, reqs: list[Req], max_rows: int = DRAFT_MAX_PASS_ROWS) -> dict[Req, list[int]]:
+        """Draft tokens for this pass's decoding requests, for those that have one, so long as the
+        pass keeps at most ``max_rows`` tokens: past the quantized kernels' crossover its products
+        would switch to expanding every weight, which costs more than the drafts save."""
         self._passes += 1
         probing = self._passes % PROBE_INTERVAL == 0
         out: dict[Req, list[int]] = {}
+        budget = max_rows - len(reqs)
         for req in reqs:
+            if budget <= 0:
+                break
             # Grammar requests never draft: each draft token would need its own mask. The pass writes
             # KV for every draft token, within the slots reserved for the request (prompt + max_tokens
             # - 1), and the draft plus the token sampled after it must fit max_tokens.
             if req.grammar is not None or req.extend_len != 1:
                 continue
             state = self._state(req)
-            length = min(state.draft_len or int(probing), req.params.max_tokens - len(req.output_ids) - 1)
+            length = min(state.draft_len or int(probing), req.params.max_tokens - len(req.output_ids) - 1, budget)
             draft = self._propose(req, state, length) if length > 0 else []
             if draft:
                 out[req] = draft
+                budget -= len(draft)
         return out
 
     def verified(self, req: Req, proposed: int, accepted: int) -> None:
