@@ -34,8 +34,8 @@ from minisgl.layers.quant import (
     QuantizedWeight,
     quantize_weight,
 )
-from minisgl.tuning import DEQUANT_BUFFER_ELEMENTS
 from minisgl.models.gguf_tensors import INT4_EXACT, INT8_NEAREST, GGUFTensors
+from minisgl.tuning import DEQUANT_BUFFER_ELEMENTS
 
 QUANTIZATION_MODES = ("auto", "none", "int4", "int8")
 

@@ -30,7 +30,7 @@ from minisgl.kvcache.registry import create_prefix_cache
 from minisgl.models.loader import resolve_model_path
 from minisgl.parallel.runner import TensorParallelRunner
 from minisgl.request import Req
-from minisgl.sampling import RejectionCode, RequestRejected, Sampler, SamplingParams
+from minisgl.sampling import RejectionCode, RequestRejected, SamplingParams
 from minisgl.scheduler.cache_manager import CacheManager, align_up
 from minisgl.scheduler.forward_pass import ForwardPass
 from minisgl.scheduler.prefill import PrefillPlan, PrefillPlanner
