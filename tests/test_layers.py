@@ -70,7 +70,8 @@ def test_gemma_rms_norm_matches_hugging_face(dtype: torch.dtype) -> None:
     for kernels in (resolve_kernels("auto"), None):
         ours.kernels = kernels
         torch.testing.assert_close(ours(x), reference(x), rtol=tol, atol=tol)
-        normed, _total = ours.add_forward(delta, x)
+        normed, total = ours.add_forward(delta, x)
+        torch.testing.assert_close(total, x + delta)
         torch.testing.assert_close(normed, reference(x + delta), rtol=tol, atol=tol)
 
 
