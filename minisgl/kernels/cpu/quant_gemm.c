@@ -134,6 +134,24 @@ int int8_matmul_ref(const float *x, int64_t rows, int64_t K, const int8_t *codes
 
 // ---- int4 ---------------------------------------------------------------------------------------
 
+// Short rows (a few cache lines each) give the hardware prefetcher no stream to learn: a tile of T
+// output rows fetches the rows PREFETCH_ROWS ahead while it multiplies its own, their scales once,
+// their codes of pair p of columns with that pair.
+static inline void prefetch_int4_scales(const uint16_t *scale, const uint16_t *minimum, int64_t T, int64_t o0,
+                                        int64_t N, int64_t groups) {
+    if (o0 + PREFETCH_ROWS + T > N) return;
+    for (int64_t t = 0; t < T; t++) {
+        _mm_prefetch((const char *)(scale + (o0 + PREFETCH_ROWS + t) * groups), _MM_HINT_T0);
+        _mm_prefetch((const char *)(minimum + (o0 + PREFETCH_ROWS + t) * groups), _MM_HINT_T0);
+    }
+}
+
+static inline void prefetch_int4_codes(const uint8_t *codes, int64_t T, int64_t o0, int64_t N, int64_t K, int64_t p) {
+    if (o0 + PREFETCH_ROWS + T > N) return;
+    for (int64_t t = 0; t < T; t++)
+        _mm_prefetch((const char *)(codes + (o0 + PREFETCH_ROWS + t) * (K / 2) + p * 32), _MM_HINT_T0);
+}
+
 #if defined(KERNELS_AVX512)
 // prepare_int4_row_plain in 512-bit registers (the same codes; the sums added in another order).
 static void prepare_int4_row(const float *x, int64_t K, int8_t *codes, float *steps, float *sums) {
@@ -181,16 +199,9 @@ static inline __attribute__((always_inline)) void int4_tile(
     __m512 acc[OUT_TILE][MAX_ROWS];
     for (int64_t t = 0; t < T; t++)
         for (int64_t r = 0; r < R; r++) acc[t][r] = _mm512_setzero_ps();
-    if (o0 + PREFETCH_ROWS + T <= N)
-        for (int64_t t = 0; t < T; t++) {
-            _mm_prefetch((const char *)(scale + (o0 + PREFETCH_ROWS + t) * groups), _MM_HINT_T0);
-            _mm_prefetch((const char *)(minimum + (o0 + PREFETCH_ROWS + t) * groups), _MM_HINT_T0);
-        }
+    prefetch_int4_scales(scale, minimum, T, o0, N, groups);
     for (int64_t p = 0; p < pairs; p++) {
-        // Short rows (a few cache lines each) give the hardware prefetcher no stream to learn:
-        // fetch the rows PREFETCH_ROWS ahead while these are multiplied.
-        if (o0 + PREFETCH_ROWS + T <= N)
-            for (int64_t t = 0; t < T; t++) _mm_prefetch((const char *)(codes + (o0 + PREFETCH_ROWS + t) * (K / 2) + p * 32), _MM_HINT_T0);
+        prefetch_int4_codes(codes, T, o0, N, K, p);
         for (int64_t t = 0; t < T; t++) {
             const int64_t o = o0 + t;
             const __m256i v = _mm256_loadu_si256((const __m256i *)(codes + o * (K / 2) + p * 32));
@@ -288,14 +299,9 @@ static inline __attribute__((always_inline)) void int4_tile(
     __m256 acc[OUT_TILE][MAX_ROWS];
     for (int64_t t = 0; t < T; t++)
         for (int64_t r = 0; r < R; r++) acc[t][r] = _mm256_setzero_ps();
-    if (o0 + PREFETCH_ROWS + T <= N)
-        for (int64_t t = 0; t < T; t++) {
-            _mm_prefetch((const char *)(scale + (o0 + PREFETCH_ROWS + t) * groups), _MM_HINT_T0);
-            _mm_prefetch((const char *)(minimum + (o0 + PREFETCH_ROWS + t) * groups), _MM_HINT_T0);
-        }
+    prefetch_int4_scales(scale, minimum, T, o0, N, groups);
     for (int64_t p = 0; p < pairs; p++) {
-        if (o0 + PREFETCH_ROWS + T <= N)
-            for (int64_t t = 0; t < T; t++) _mm_prefetch((const char *)(codes + (o0 + PREFETCH_ROWS + t) * (K / 2) + p * 32), _MM_HINT_T0);
+        prefetch_int4_codes(codes, T, o0, N, K, p);
         for (int64_t t = 0; t < T; t++) {
             const int64_t o = o0 + t;
             const __m256i v = _mm256_loadu_si256((const __m256i *)(codes + o * (K / 2) + p * 32));
