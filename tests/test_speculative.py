@@ -18,10 +18,12 @@ from scipy.stats import chi2
 from tiny_models import VOCAB, build_tiny_model
 
 from minisgl import LLM, SamplingParams
+from minisgl.batch import AttentionKind
 from minisgl.cli import add_engine_args, config_from_args, main
 from minisgl.config import EngineConfig
 from minisgl.kvcache.radix_cache import RadixPrefixCache
 from minisgl.request import Req
+from minisgl.scheduler.forward_pass import ForwardPass
 from minisgl.scheduler.speculative import PROBE_INTERVAL, NgramDrafter
 from minisgl.scheduler.stats import StatsSnapshot
 from minisgl.server.metrics import ServerMetrics
@@ -352,3 +354,27 @@ def test_metrics_show_drafts(spec: LLM) -> None:
     for name in ("draft_tokens", "accepted_draft_tokens", "draft_acceptance_rate", "tokens_per_step"):
         assert f"minisgl_{name}" in text
     assert StatsSnapshot().as_dict()["acceptance_rate"] == 0.0
+
+
+def test_a_pass_with_drafts_is_a_decode_pass_over_its_tokens() -> None:
+    """Every token sampled: each token is one decode query over its request's KV up to its own position
+    (the decode kernels verify the draft); a pass with a prefill chunk stays an extension per request."""
+    page_table = torch.arange(4 * 64).view(4, 64)
+    params = SamplingParams(max_tokens=16)
+    drafting, plain = Req(0, [5, 6, 7, 8, 9], params), Req(1, [3, 4], params)
+    for req, row in ((drafting, 1), (plain, 3)):
+        req.row, req.device_len = row, req.seq_len - 1
+    work = ForwardPass.build([], [], [drafting, plain], page_table, {drafting: [10, 11]})
+    batch = work.batch
+    assert batch.attention is AttentionKind.DECODE
+    assert batch.input_ids.tolist() == [9, 10, 11, 4]
+    assert batch.table_rows.tolist() == [1, 1, 1, 3]
+    assert batch.prefix_lens.tolist() == [4, 5, 6, 1] and batch.extend_lens.tolist() == [1, 1, 1, 1]
+    assert batch.sample_rows.tolist() == [0, 1, 2, 3] and work.new_tokens == [3, 1]
+    assert batch.out_slots.tolist() == [1 * 64 + 4, 1 * 64 + 5, 1 * 64 + 6, 3 * 64 + 1]
+
+    prompt = Req(2, list(range(20, 30)), params)
+    prompt.row = 0
+    work = ForwardPass.build([prompt], [4], [drafting, plain], page_table, {drafting: [10, 11]})
+    assert work.batch.attention is AttentionKind.EXTEND
+    assert work.batch.table_rows.tolist() == [0, 1, 3] and work.batch.extend_lens.tolist() == [4, 3, 1]
