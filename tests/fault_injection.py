@@ -7,6 +7,7 @@ interpreters import it at start-up), so the server itself carries no test hook."
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from collections.abc import Callable
 
@@ -27,6 +28,9 @@ def faulty(real: Probabilities) -> Probabilities:
 
     def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         if params.seed == FAULTY_SEED:
+            if id(params) not in calls:
+                # A later request's params may get the same id once this one is freed: it starts at 0.
+                weakref.finalize(params, calls.pop, id(params), None)
             calls[id(params)] += 1
             if calls[id(params)] == FAIL_AT_CALL:
                 raise RuntimeError("injected fault")
