@@ -12,6 +12,7 @@ from pathlib import Path
 from benchmarks.machine import usable_cores
 from benchmarks.online_systems import parse_serve
 from benchmarks.peers import PEERS
+from benchmarks.scale_model import SCALE_MODELS
 from benchmarks.systems import MINISGL_VARIANTS, OFFLINE_SYSTEMS
 from benchmarks.workloads import WORKLOADS, Sizes
 
@@ -34,8 +35,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         default=None,
-        help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct GGUF), or scale-1.7b: random weights "
-        "in SmolLM2-1.7B's shape as a Q4_1 GGUF, written on first use (benchmarks/scale_model.py)",
+        help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct GGUF), or a scale model: random "
+        "weights in a real model's shape as a Q4_1 GGUF, written on first use (benchmarks/scale_model.py): "
+        f"{', '.join(SCALE_MODELS)}",
     )
     p.add_argument(
         "--workloads", type=_names(WORKLOADS), default=list(WORKLOADS), help="comma-separated: " + ",".join(WORKLOADS)

@@ -4,6 +4,7 @@ kernels compiled); *cached*: the best of a few runs after it. Also the peak resi
 process, and what the cache folder holds afterwards (minisgl writes no weights).
 
 Run: python -m benchmarks.cold_start [--model PATH | --model scale-1.7b] [--runs 3] [--kv-memory-gb 1]
+(or another scale model's name: scale-1.7b-qwen3, scale-1.5b-qwen2; ``benchmarks/scale_model.py``)
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ import time
 from pathlib import Path
 
 from benchmarks.machine import load_average, machine_info
-from benchmarks.scale_model import DEFAULT_PATH as SCALE_MODEL_PATH
-from benchmarks.scale_model import write_scale_model
+from benchmarks.scale_model import SCALE_MODELS, resolve_scale_model
 
 SCRIPT = (
     "import sys; from minisgl import LLM, SamplingParams; "
@@ -36,11 +36,15 @@ def start(model: str, kv_gb: float, cache: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="", help="GGUF file or folder (default: the default model), or scale-1.7b")
+    parser.add_argument(
+        "--model",
+        default="",
+        help=f"GGUF file or folder (default: the default model), or one of {', '.join(SCALE_MODELS)}",
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--kv-memory-gb", type=float, default=1.0)
     args = parser.parse_args()
-    model = str(write_scale_model(SCALE_MODEL_PATH)) if args.model == "scale-1.7b" else args.model
+    model = resolve_scale_model(args.model) or ""
     print(f"# {machine_info(os.cpu_count() or 1)['cpu']}; model {model or 'default'}; load at start {load_average()}")
     with tempfile.TemporaryDirectory(prefix="minisgl-cold-") as folder:
         cache = Path(folder)

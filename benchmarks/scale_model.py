@@ -1,24 +1,80 @@
-"""A model at the size people run on CPUs, without downloading one: random weights in SmolLM2-1.7B's
-shape (hidden 2048, 24 layers, FFN 8192, 32 heads, tied embeddings) with the default model's tokenizer
-and chat template, written as a GGUF the way llama.cpp's quantizer lays a Q4_1 file out (every
-projection Q4_1, the embedding Q8_0, norms F32), quantized by the ``gguf`` package's own reference
-code. Random weights are fine for speed and memory, not for quality.
+"""Models at the size people run on CPUs, without downloading one: random weights in a real model's
+shape with the default model's tokenizer and chat template, written as a GGUF the way llama.cpp's
+quantizer lays a Q4_1 file out (every projection Q4_1, the embedding Q8_0, norms and biases F32),
+quantized by the ``gguf`` package's own reference code. Random weights are fine for speed and memory,
+not for quality. The shapes (``SCALE_MODELS``), by the name ``--model`` takes:
 
-Run: python -m benchmarks.scale_model [--out PATH] (about 90 s on 2 cores; reused when present).
+- ``scale-1.7b``: SmolLM2-1.7B (llama: hidden 2048, 24 layers, FFN 8192, 32 heads, tied embeddings);
+- ``scale-1.7b-qwen3``: Qwen3-1.7B (hidden 2048, 28 layers, FFN 6144, 16 heads of 128, 8 KV heads,
+  RMSNorm on each head of Q and K, tied embeddings);
+- ``scale-1.5b-qwen2``: Qwen2.5-1.5B (hidden 1536, 28 layers, FFN 8960, 12 heads, 2 KV heads, biases
+  on Q/K/V, tied embeddings).
+
+All state a context of 8192 tokens (the weights do not depend on it) and the default model's
+vocabulary (49152 tokens), so that they differ only in the layers.
+
+Run: python -m benchmarks.scale_model [--model scale-1.7b] [--out PATH] (about 90 s each on 2 cores;
+reused when present).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from minisgl.models.gguf import default_model_path
 
-SHAPE = {"hidden": 2048, "layers": 24, "ffn": 8192, "heads": 32, "kv_heads": 32, "context": 8192}
-DEFAULT_PATH = Path.home() / ".cache" / "minisgl" / "bench" / "scale-1.7B-random.Q4_1.gguf"
+
+@dataclass(frozen=True)
+class ScaleShape:
+    """What a random-weight GGUF's layers look like, and the metadata llama.cpp's converter states for them."""
+
+    arch: str  # the GGUF architecture
+    like: str  # the model whose shape it is, for the file's name field
+    hidden: int
+    layers: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rope_base: float
+    rms_eps: float
+    qkv_bias: bool = False  # Qwen2: F32 biases on Q/K/V
+    qk_norm: bool = False  # Qwen3: F32 RMSNorm weights on each head of Q and K
+    # llama.cpp's converter states attention.key_length / value_length when the config gives head_dim (Qwen3).
+    states_head_dim: bool = False
+    context: int = 8192
+
+
+@dataclass(frozen=True)
+class ScaleModel:
+    shape: ScaleShape
+    file_name: str  # under ~/.cache/minisgl/bench/
+
+    @property
+    def path(self) -> Path:
+        return Path.home() / ".cache" / "minisgl" / "bench" / self.file_name
+
+
+SCALE_MODELS: dict[str, ScaleModel] = {
+    "scale-1.7b": ScaleModel(
+        ScaleShape("llama", "SmolLM2-1.7B", 2048, 24, 8192, 32, 32, 64, rope_base=130000.0, rms_eps=1e-5),
+        "scale-1.7B-random.Q4_1.gguf",
+    ),
+    "scale-1.7b-qwen3": ScaleModel(
+        ScaleShape("qwen3", "Qwen3-1.7B", 2048, 28, 6144, 16, 8, 128, rope_base=1e6, rms_eps=1e-6, qk_norm=True,
+                   states_head_dim=True),
+        "scale-1.7B-qwen3-random.Q4_1.gguf",
+    ),
+    "scale-1.5b-qwen2": ScaleModel(
+        ScaleShape("qwen2", "Qwen2.5-1.5B", 1536, 28, 8960, 12, 2, 128, rope_base=1e6, rms_eps=1e-6, qkv_bias=True),
+        "scale-1.5B-qwen2-random.Q4_1.gguf",
+    ),
+}  # fmt: skip
 # The default model's metadata copied as is: its tokenizer, so the same prompts give the same tokens.
 _TOKENIZER_KEYS = (
     "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
@@ -28,8 +84,14 @@ _TOKENIZER_KEYS = (
 )  # fmt: skip
 
 
-def write_scale_model(path: Path, seed: int = 0) -> Path:
-    """Write the file (atomically) unless it exists; return its path."""
+def resolve_scale_model(model: str | None) -> str | None:
+    """The GGUF file of a scale model named ``model`` (written on first use), else ``model`` as given."""
+    scale = SCALE_MODELS.get(model or "")
+    return model if scale is None else str(write_scale_model(scale.shape, scale.path))
+
+
+def write_scale_model(shape: ScaleShape, path: Path, seed: int = 0) -> Path:
+    """Write a model of ``shape`` to ``path`` (atomically) unless the file exists; return its path."""
     import gguf
     from gguf.quants import quantize
 
@@ -38,20 +100,23 @@ def write_scale_model(path: Path, seed: int = 0) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     source = gguf.GGUFReader(default_model_path())
     vocab = int(next(t for t in source.tensors if t.name == "token_embd.weight").shape[1])
-    h, ff, layers = SHAPE["hidden"], SHAPE["ffn"], SHAPE["layers"]
-    head_dim = h // SHAPE["heads"]
+    h, ff, layers, d = shape.hidden, shape.ffn, shape.layers, shape.head_dim
+    q, kv = shape.heads * d, shape.kv_heads * d
     tmp = path.with_suffix(".tmp")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
-    writer.add_name("scale model (random weights, SmolLM2-1.7B shape)")
+    writer = gguf.GGUFWriter(str(tmp), shape.arch)
+    writer.add_name(f"scale model (random weights, {shape.like} shape)")
     writer.add_block_count(layers)
-    writer.add_context_length(SHAPE["context"])
+    writer.add_context_length(shape.context)
     writer.add_embedding_length(h)
     writer.add_feed_forward_length(ff)
-    writer.add_head_count(SHAPE["heads"])
-    writer.add_head_count_kv(SHAPE["kv_heads"])
-    writer.add_rope_freq_base(130000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_rope_freq_base(shape.rope_base)
+    writer.add_layer_norm_rms_eps(shape.rms_eps)
+    writer.add_rope_dimension_count(d)
+    if shape.states_head_dim:
+        writer.add_key_length(d)
+        writer.add_value_length(d)
     writer.add_vocab_size(vocab)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1)
     for key in _TOKENIZER_KEYS:
@@ -65,20 +130,30 @@ def write_scale_model(path: Path, seed: int = 0) -> Path:
             writer.add_key_value(key, value, kind)
     rng = np.random.default_rng(seed)
 
+    def random(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape, dtype=np.float32) * 0.02
+
     def tensor(name: str, rows: int, cols: int, qtype: gguf.GGMLQuantizationType) -> None:
-        w = rng.standard_normal((rows, cols), dtype=np.float32) * 0.02
-        writer.add_tensor(name, quantize(w, qtype), raw_dtype=qtype)
+        writer.add_tensor(name, quantize(random(rows, cols), qtype), raw_dtype=qtype)
+
+    def ones(name: str, size: int) -> None:
+        writer.add_tensor(name, np.ones(size, dtype=np.float32))
 
     q4, q8 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0
     tensor("token_embd.weight", vocab, h, q8)
-    writer.add_tensor("output_norm.weight", np.ones(h, dtype=np.float32))
-    kv = SHAPE["kv_heads"] * head_dim
+    ones("output_norm.weight", h)
     for i in range(layers):
-        for name, rows, cols in (("attn_q", h, h), ("attn_k", kv, h), ("attn_v", kv, h), ("attn_output", h, h),
+        for name, rows, cols in (("attn_q", q, h), ("attn_k", kv, h), ("attn_v", kv, h), ("attn_output", h, q),
                                  ("ffn_gate", ff, h), ("ffn_up", ff, h), ("ffn_down", h, ff)):  # fmt: skip
             tensor(f"blk.{i}.{name}.weight", rows, cols, q4)
-        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(h, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(h, dtype=np.float32))
+        if shape.qkv_bias:
+            for name, size in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
+                writer.add_tensor(f"blk.{i}.{name}.bias", random(size))
+        if shape.qk_norm:
+            ones(f"blk.{i}.attn_q_norm.weight", d)
+            ones(f"blk.{i}.attn_k_norm.weight", d)
+        ones(f"blk.{i}.attn_norm.weight", h)
+        ones(f"blk.{i}.ffn_norm.weight", h)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -89,10 +164,12 @@ def write_scale_model(path: Path, seed: int = 0) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=DEFAULT_PATH)
+    parser.add_argument("--model", default="scale-1.7b", choices=list(SCALE_MODELS))
+    parser.add_argument("--out", type=Path, default=None, help="default: ~/.cache/minisgl/bench/<the model's file>")
     args = parser.parse_args()
+    scale = SCALE_MODELS[args.model]
     start = time.perf_counter()
-    path = write_scale_model(args.out)
+    path = write_scale_model(scale.shape, args.out or scale.path)
     print(f"{path}: {path.stat().st_size / 1e9:.2f} GB ({time.perf_counter() - start:.0f} s)")
 
 

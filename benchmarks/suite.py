@@ -23,8 +23,7 @@ from benchmarks.online_systems import Factory, online_systems
 from benchmarks.plots import draw_all
 from benchmarks.report import markdown, plain, write_json
 from benchmarks.results import RunResult
-from benchmarks.scale_model import DEFAULT_PATH as SCALE_MODEL_PATH
-from benchmarks.scale_model import write_scale_model
+from benchmarks.scale_model import resolve_scale_model
 from benchmarks.server import server_available
 from benchmarks.systems import SystemOptions, Unavailable, make_system
 from benchmarks.workloads import Sizes, Workload, build
@@ -32,7 +31,6 @@ from minisgl.models.gguf import default_model_path
 from minisgl.models.loader import resolve_model_path
 
 logger = logging.getLogger("benchmarks")
-SCALE_MODEL = "scale-1.7b"  # --model: the random-weight 1.7B GGUF (benchmarks/scale_model.py), written on first use
 
 
 def _gguf_of(model: str | None) -> Path | None:
@@ -119,8 +117,7 @@ def _annotate_agreement(runs: list[RunResult], reference: str) -> None:
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     started, load_start, others = time.perf_counter(), load_average(), OtherLoad()
     sizes = Sizes(**{f.name: getattr(args, f.name) for f in fields(Sizes)})
-    if args.model == SCALE_MODEL:
-        args.model = str(write_scale_model(SCALE_MODEL_PATH))
+    args.model = resolve_scale_model(args.model)  # a scale model's name: its GGUF, written on first use
     hf_folder = resolve_model_path(args.model)
     gguf = _gguf_of(args.model)
     if gguf is not None and ({"hf", "hf-batch"} & set(args.systems) or "vllm" in args.peers):
