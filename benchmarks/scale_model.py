@@ -90,15 +90,17 @@ def resolve_scale_model(model: str | None) -> str | None:
     return model if scale is None else str(write_scale_model(scale.shape, scale.path))
 
 
-def write_scale_model(shape: ScaleShape, path: Path, seed: int = 0) -> Path:
-    """Write a model of ``shape`` to ``path`` (atomically) unless the file exists; return its path."""
+def write_scale_model(shape: ScaleShape, path: Path, seed: int = 0, tokenizer_from: Path | None = None) -> Path:
+    """Write a model of ``shape`` to ``path`` (atomically) unless the file exists; return its path.
+    Its tokenizer and vocabulary size are those of the GGUF ``tokenizer_from`` (default: the default
+    model; tests give a tiny vocabulary, quicker to read)."""
     import gguf
     from gguf.quants import quantize
 
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    source = gguf.GGUFReader(default_model_path())
+    source = gguf.GGUFReader(tokenizer_from or default_model_path())
     vocab = int(next(t for t in source.tensors if t.name == "token_embd.weight").shape[1])
     h, ff, layers, d = shape.hidden, shape.ffn, shape.layers, shape.head_dim
     q, kv = shape.heads * d, shape.kv_heads * d

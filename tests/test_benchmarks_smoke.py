@@ -5,18 +5,25 @@ never how fast anything was (the CPU is shared)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import llama_cpp_and_default_gguf
-from tiny_models import build_tiny_model
+from conftest import assert_idle_balanced, llama_cpp_and_default_gguf
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf_writer import train_bpe, write_gguf
+from tiny_models import VOCAB, build_tiny_model
 from transformers import AutoTokenizer
 
 from benchmarks.cli import main
 from benchmarks.corpus import PERSONAS
 from benchmarks.hit_rate import best_hit_rate, reusable_tokens
+from benchmarks.scale_model import SCALE_MODELS, write_scale_model
 from benchmarks.server import server_available
 from benchmarks.workloads import COPY_CUE_LEN, WORKLOADS, Conversations, Sizes, Workload, build
+from minisgl import LLM, SamplingParams
+from minisgl.layers.linear import Linear
+from minisgl.layers.quant import Int4Weight
 
 TINY = Sizes(
     groups=2,
@@ -187,3 +194,60 @@ def test_moe_decode_counts_the_experts_a_step_reads(tmp_path: Path) -> None:
     assert one["bytes_per_step"] == pytest.approx(one["active_params"] * 4)
     # Six tokens reach more distinct experts, so a step reads more than one token's worth.
     assert many["bytes_per_step"] > one["bytes_per_step"]
+
+
+@pytest.fixture(scope="module")
+def small_vocab_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A GGUF with a 512-token vocabulary, for scale models whose tokenizer is quick to read."""
+    folder = build_tiny_model("llama", tmp_path_factory.mktemp("vocab"))
+    train_bpe("llama-bpe", VOCAB - 100).save_pretrained(folder)  # GGUF pads the vocabulary to 512
+    return write_gguf(folder, folder / "vocab.gguf", "llama-bpe")
+
+
+@pytest.mark.parametrize("name", sorted(SCALE_MODELS))
+def test_scale_model_shape_loads_quantized_and_decodes_in_one_call(
+    name: str, small_vocab_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tiny model with each scale model's layers (its architecture, biases, head norms, metadata):
+    minisgl runs every projection on the file's own int4 codes, a decode step reads exactly the
+    file's Q4_1 bytes plus the LM head, and each decode step is one C call (decode_layer.c)."""
+    from benchmarks.decode_per_byte import measure
+    from benchmarks.roofline import weight_bytes_per_step
+
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    shape = SCALE_MODELS[name].shape
+    # Heads of 32 where the file states head_dim (q has 128 rows for a hidden size of 64), else hidden / heads.
+    head_dim = 32 if shape.states_head_dim else 16
+    tiny = replace(shape, hidden=64, layers=2, ffn=128, heads=4, kv_heads=2, head_dim=head_dim)
+    path = write_scale_model(tiny, tmp_path / f"{name}.gguf", tokenizer_from=small_vocab_gguf)
+    written = path.stat().st_mtime_ns
+    assert write_scale_model(tiny, path, tokenizer_from=small_vocab_gguf) == path
+    assert path.stat().st_mtime_ns == written  # reused, not written again
+    q4_bytes = sum(int(t.n_bytes) for t in GGUFReader(path).tensors if t.tensor_type == GGMLQuantizationType.Q4_1)
+    assert q4_bytes > 0
+    llm = LLM(str(path), num_page_override=256)
+    try:
+        model = llm.scheduler.engine.model
+        layers = model.model.layers
+        assert model.config.head_dim == tiny.head_dim and model.config.vocab_size == VOCAB
+        linears = [m for m in layers.modules() if isinstance(m, Linear)]
+        assert linears and all(m.weight is None and isinstance(m.quantized, Int4Weight) for m in linears)
+        assert all(p.dim() == 1 for p in layers.parameters())  # norms and biases only: no dense matrix is alive
+        attn = layers[0].self_attn
+        assert (attn.qkv_proj.bias is not None) == tiny.qkv_bias and (attn.q_norm is not None) == tiny.qk_norm
+        lm_head = model.lm_head.quantized
+        assert lm_head is not None
+        head_bytes = sum(b.numel() * b.element_size() for b in lm_head.buffers())
+        assert weight_bytes_per_step(llm, rows=1) == q4_bytes + head_bytes
+        params = SamplingParams(max_tokens=4, ignore_eos=True)
+        outputs = llm.generate([[5, 9, 200, 17], [7, 81]], params, use_tqdm=False)
+        assert [len(o["token_ids"]) for o in outputs] == [4, 4]
+        assert_idle_balanced(llm)
+        if llm.scheduler.engine.kernels is None:
+            pytest.skip("the C kernels do not build here: no single-call decode step")
+    finally:
+        llm.shutdown()
+    result = measure(str(path), "auto", prompt_len=8, output_len=4)
+    assert result["single_call"], result
+    assert result["weight_bytes"] == q4_bytes + head_bytes and result["kv_bytes"] > 0
+    assert result["tok_s"] > 0 and result["weight_gbps"] > 0

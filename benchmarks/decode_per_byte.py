@@ -1,0 +1,123 @@
+"""Decode speed per weight byte across model families: one request decoding alone on models of
+different shapes (by default the scale models of ``benchmarks/scale_model.py``: SmolLM2-1.7B's llama
+layers, Qwen3-1.7B's with Q/K head norms, Qwen2.5-1.5B's with Q/K/V biases, all Q4_1).
+
+At one request a decode step reads every weight once, so *GB/s* = tok/s x weight bytes per step is
+the rate the weights stream at: equal rates mean each family's layers decode equally well whatever
+their size (issue #21: the same within 10%). *weight bytes/step*: what each ``Linear`` reads at one
+row (``benchmarks.roofline.weight_bytes_per_step``: the quantized buffers; the embedding is a
+lookup); *KV bytes/step*: the cache entries a step attends over, on average (not in GB/s: small at
+these lengths). *single call*: whether every decode step of the warm-up ran the layers as one C call
+(``decode_layer.c``); *of bandwidth*: GB/s against a streaming read of this machine's memory.
+
+Run: python -m benchmarks.decode_per_byte [--models scale-1.7b scale-1.7b-qwen3 scale-1.5b-qwen2]
+     [--kernels auto c:avx2 ...] [--prompt-len 64] [--output-len 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+from typing import Any
+
+import torch
+
+from benchmarks.hardware_peak import memory_bandwidth
+from benchmarks.machine import load_average, machine_info
+from benchmarks.roofline import weight_bytes_per_step
+from benchmarks.scale_model import SCALE_MODELS, resolve_scale_model
+from minisgl import LLM, SamplingParams
+from minisgl.kernels.native import KERNEL_CHOICES
+
+WARMUP_TOKENS = 8
+
+
+def count_single_call_steps(llm: LLM, prompt: list[int]) -> tuple[int, int]:
+    """(decode steps that ran as one C call, decode steps) of generating ``WARMUP_TOKENS`` after
+    ``prompt``: a warm-up, its steps counted through the model's fused decoder, which is left as it was."""
+    fused = getattr(llm.scheduler.engine.model, "_fused_decoder", None)
+    calls = [0]
+    if fused is not None:
+        run = fused.run
+        fused.run = lambda *args: calls.__setitem__(0, calls[0] + 1) or run(*args)
+    before = llm.scheduler.stats.decode_steps
+    try:
+        llm.generate([prompt], SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True), use_tqdm=False)
+    finally:
+        if fused is not None:
+            del fused.run  # the class's method again
+    return calls[0], llm.scheduler.stats.decode_steps - before
+
+
+def measure(model: str, kernels: str, prompt_len: int, output_len: int, seed: int = 0) -> dict[str, Any]:
+    """One request's decode on ``model`` (a path or a scale model's name) with ``kernels``: tok/s, the
+    weight and KV bytes a step reads, and whether the steps ran as one C call each."""
+    llm = LLM(
+        resolve_scale_model(model), kernels=kernels, max_running_req=1, cache_type="naive",
+        num_page_override=prompt_len + max(output_len, WARMUP_TOKENS) + 1,
+    )  # fmt: skip
+    try:
+        engine = llm.scheduler.engine
+        g = torch.Generator().manual_seed(seed)
+        prompt = torch.randint(1, llm.scheduler.vocab_size, (prompt_len,), generator=g).tolist()
+        llm.flush_cache()
+        fused_steps, warm_steps = count_single_call_steps(llm, prompt)
+        llm.flush_cache()
+        before = vars(llm.scheduler.stats).copy()
+        llm.generate([prompt], SamplingParams(max_tokens=output_len, ignore_eos=True), use_tqdm=False)
+        stats = {k: v - before[k] for k, v in vars(llm.scheduler.stats).items()}
+        cfg = engine.model_config
+        kv_bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * engine.pool.k.element_size()
+        weight_bytes = weight_bytes_per_step(llm, rows=1)
+        variant = engine.kernels.variant.description if engine.kernels is not None else "torch's (no C kernels)"
+    finally:
+        llm.shutdown()
+        gc.collect()  # the next model loads into the memory this one held
+    steps, seconds = stats["decode_steps"], stats["decode_seconds"]
+    return {
+        "kernels": variant,
+        "single_call": warm_steps > 0 and fused_steps == warm_steps,
+        "tok_s": stats["decode_tokens"] / seconds,
+        "weight_bytes": weight_bytes,
+        "kv_bytes": kv_bytes_per_token * stats["decode_kv_tokens"] / steps,
+        "weight_gbps": weight_bytes * steps / seconds / 1e9,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(SCALE_MODELS), help="scale model names or GGUF paths")
+    parser.add_argument("--kernels", nargs="+", default=["auto"], choices=KERNEL_CHOICES, help="EngineConfig.kernels")
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=128)
+    args = parser.parse_args(argv)
+
+    for model in args.models:  # write missing scale models first: off the clock and before the bandwidth
+        resolve_scale_model(model)
+    print(machine_info(torch.get_num_threads()))
+    print(f"load average before: {load_average()}")
+    bandwidth = memory_bandwidth(0.5)
+    print(
+        f"one request: {args.prompt_len}-token prompt -> {args.output_len} tokens; "
+        f"streaming read {bandwidth / 1e9:.1f} GB/s"
+    )
+    print(
+        "| model | kernels | single call | decode tok/s | weight bytes/step | KV bytes/step | GB/s | of bandwidth "
+        "| GB/s vs the first model |\n|---|---|---|---|---|---|---|---|---|"
+    )
+    for kernels in args.kernels:
+        first: float | None = None
+        for model in args.models:
+            r = measure(model, kernels, args.prompt_len, args.output_len)
+            first = first or r["weight_gbps"]
+            print(
+                f"| {model} | {kernels}: {r['kernels']} | {'yes' if r['single_call'] else 'no'} | {r['tok_s']:.1f} | "
+                f"{r['weight_bytes'] / 1e6:.0f} MB | {r['kv_bytes'] / 1e6:.1f} MB | {r['weight_gbps']:.2f} | "
+                f"{r['weight_gbps'] * 1e9 / bandwidth:.0%} | {r['weight_gbps'] / first:.2f} |",
+                flush=True,
+            )
+    print(f"load average after: {load_average()}")
+
+
+if __name__ == "__main__":
+    main()
