@@ -10,7 +10,7 @@ from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.kernels.native import check_kernel_choice
 from minisgl.kvcache.registry import PREFIX_CACHES
 from minisgl.models.quantize import check_mode
-from minisgl.tuning import MAX_PREFILL_TOKENS
+from minisgl.tuning import MAX_PREFILL_TOKENS, WINDOW_KV_RATIO
 
 
 @dataclass
@@ -31,6 +31,9 @@ class EngineConfig:
     kv_memory_gb: float = 1.0  # memory budget for the KV pool when num_page_override is unset
     max_seq_len_override: int | None = None  # context length; else the model's
     page_size: int = 1
+    # Models with sliding-window layers: window KV slots per full KV slot (the windowed layers' pool
+    # beside the full-attention layers'); 1 keeps every cached token's window KV, as full attention would
+    window_kv_ratio: float = WINDOW_KV_RATIO
     cache_type: str = "radix"  # naive | radix
     schedule_policy: str = "lpm"  # lpm | fcfs
     max_prefill_tokens: int = MAX_PREFILL_TOKENS  # token budget of one prefill batch (longer prompts are chunked)
@@ -63,6 +66,8 @@ class EngineConfig:
         for name in ("max_running_req", "page_size", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.window_kv_ratio <= 1:
+            raise ValueError(f"window_kv_ratio must be in (0, 1], got {self.window_kv_ratio}")
         if self.num_page_override is not None and self.num_page_override < 1:
             raise ValueError(f"num_page_override must be >= 1, got {self.num_page_override}")
         PREFIX_CACHES.get(self.cache_type)  # raises ValueError naming the choices
@@ -98,6 +103,11 @@ class EngineConfig:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    @property
+    def max_draft(self) -> int:
+        """Most draft tokens one request verifies in a pass (0 without speculative decoding)."""
+        return self.speculative_max_draft if self.speculative_algorithm != "none" else 0
 
     @property
     def tp_per_node(self) -> int:

@@ -19,6 +19,8 @@ class Req:
     ``[cached_len, device_len)`` computed KV in slots this request owns
     ``[device_len, seq_len)`` not computed yet: ``extend_len`` tokens for the next forward pass
     ``[0, allocated_len)``    has KV slots in the request's page-table row (whole pages)
+    ``[cached_len, window_released_len)`` its own tokens whose sliding-window layers' KV is dropped
+                              (out of every later query's window; models with a window pool only)
     """
 
     rid: int
@@ -33,6 +35,7 @@ class Req:
     cached_len: int = 0
     device_len: int = 0
     allocated_len: int = 0
+    window_released_len: int = 0
     cached_prompt_tokens: int = 0  # prompt tokens reused from the cache (reported to the user)
     finish_reason: str | None = None
     stop_text: IncrementalDetokenizer | None = None  # the output's text, to find stop strings (if any)

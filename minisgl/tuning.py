@@ -38,6 +38,13 @@ MIN_SHARED_PREFIX = 64
 # design; no script re-measures it.
 MAX_PADDING_COST = 1.5
 
+# -- KV memory (``engine/engine.py``, ``kvcache/window.py``) ---------------------------------------------
+# Sliding-window layers' KV slots per full KV slot (``EngineConfig.window_kv_ratio``'s default). A
+# running request holds at most about two windows of them; the rest keep the window KV of cached
+# prefixes, evicted least recently used first. Tokens that fit against full attention in every layer,
+# and the shared-prefix hit rate against a ratio of 1: ``python -m benchmarks.window_memory``.
+WINDOW_KV_RATIO = 0.15
+
 # -- prefill planning (``scheduler/prefill.py``, ``config.py``) --------------------------------------
 # Token budget of one prefill pass (``EngineConfig.max_prefill_tokens``'s default): longer prompts are
 # chunked. Time to first token under load by prompt length: ``python -m benchmarks.mixed_load``;

@@ -20,7 +20,8 @@ from minisgl.tuning import MAX_PADDING_COST
 class PrefillPart(Protocol):
     """Attends some of the pass's tokens and writes their rows of the output."""
 
-    def write(self, out: torch.Tensor, pool: KVPool, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None: ...
+    def write(self, out: torch.Tensor, pool: KVPool, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """``k``, ``v``: the pass's new K/V, rounded as the pool holds them."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,10 @@ class CachedPrefill:
 
     q_index: torch.Tensor  # [batch * max_new] row of each padded query in the pass's tokens
     kv_slots: torch.Tensor  # [batch, max_kv] KV slots of each request (prefix + new tokens; the window's)
+    # Where the new tokens' keys sit in the flattened [batch * max_kv] layout: they are taken fresh
+    # from the pass, not read back from the pool, so a windowed layer needs a slot only for the new
+    # tokens a later pass still sees (``kvcache/window.py``); the others are written to a scratch slot.
+    new_kv_index: torch.Tensor
     mask: torch.Tensor  # [batch, 1, max_new, max_kv] causal (and window) mask shifted by each prefix
     valid: torch.Tensor  # positions in the padded [batch * max_new] layout that are real tokens
     rows: torch.Tensor  # their rows in the pass's tokens
@@ -68,6 +73,7 @@ class CachedPrefill:
         # Padded queries see key 0 only, so that no row is fully masked (they are dropped afterwards).
         mask = torch.where(real.unsqueeze(2), mask, (j == 0).view(1, 1, -1))
         q_rows = start_t.unsqueeze(1) + i.unsqueeze(0) * real
+        new_cols = (torch.arange(len(reqs), device=device) * max_kv + prefix_t - first_t).unsqueeze(1) + i.unsqueeze(0)
         # Columns past a request's keys are masked out; clamped so that they stay inside the table.
         cols = k_pos.clamp(max=page_table.shape[1] - 1)
         return cls(
@@ -76,14 +82,22 @@ class CachedPrefill:
             mask=mask.unsqueeze(1),
             valid=real.flatten().nonzero().squeeze(1),
             rows=q_rows[real],
+            new_kv_index=new_cols[real],
         )
 
     def write(self, out: torch.Tensor, pool: KVPool, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         batch, max_kv = self.kv_slots.shape
         qi = q.index_select(0, self.q_index).view(batch, -1, *q.shape[1:]).transpose(1, 2)
         kv_shape = (batch, max_kv, *k.shape[1:])
-        ki = pool.k[layer_id].index_select(0, self.kv_slots.view(-1)).view(kv_shape).transpose(1, 2).to(q.dtype)
-        vi = pool.v[layer_id].index_select(0, self.kv_slots.view(-1)).view(kv_shape).transpose(1, 2).to(q.dtype)
+        ki, vi = (
+            cache[layer_id]
+            .index_select(0, self.kv_slots.view(-1))
+            .index_copy_(0, self.new_kv_index, new.index_select(0, self.rows).to(cache.dtype))
+            .view(kv_shape)
+            .transpose(1, 2)
+            .to(q.dtype)
+            for cache, new in ((pool.k, k), (pool.v, v))
+        )
         o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=self.mask, enable_gqa=True)
         out.index_copy_(0, self.rows, o.transpose(1, 2).flatten(2).flatten(0, 1).index_select(0, self.valid))
 

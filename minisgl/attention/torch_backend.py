@@ -5,6 +5,7 @@ per distinct window, each layer's calls routed to its own."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cached_property
 
 import torch
@@ -31,19 +32,30 @@ from minisgl.attention.prefill import (
 )
 from minisgl.batch import AttentionContext, AttentionKind, Batch, PagedKV
 from minisgl.kernels.native import CpuKernels, paged_attention_fits
+from minisgl.kvcache.pool import KVPool
 
 
 class PerLayerWindow:
     """A model whose layers attend within different windows: each layer's call goes to the context
-    built for its window."""
+    built for its window, with the layer's index in the pool that context reads."""
 
     paged: PagedKV | None = None
 
-    def __init__(self, contexts: list[AttentionContext]) -> None:
-        self.contexts = contexts  # one per layer
+    def __init__(self, contexts: list[AttentionContext], pool_layer_ids: list[int]) -> None:
+        self.contexts, self.pool_layer_ids = contexts, pool_layer_ids  # one each per layer
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.contexts[layer_id].attend(layer_id, q, k, v)
+        return self.contexts[layer_id].attend(self.pool_layer_ids[layer_id], q, k, v)
+
+
+@dataclass(frozen=True)
+class _KVPlace:
+    """Where a group of layers keeps its KV: the pool, the table from (row, position) to its slots, and
+    the slots this pass's new tokens go to."""
+
+    pool: KVPool
+    table: torch.Tensor
+    out_slots: torch.Tensor
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -64,19 +76,28 @@ class TorchAttentionBackend(AttentionBackend):
         return self.kernels if kinds and pool.device.type == "cpu" and fits else None
 
     def prepare(self, batch: Batch) -> AttentionContext:
-        windows = set(self.layer_windows)
-        if len(windows) <= 1:  # every layer alike: one context
-            return self._prepare_window(batch, next(iter(windows), None))
-        by_window = {w: self._prepare_window(batch, w) for w in windows}
-        return PerLayerWindow([by_window[w] for w in self.layer_windows])
+        window_out = None
+        if self.window_table is not None:  # the windowed layers write their K/V to their own slots
+            token_rows = batch.table_rows.repeat_interleave(batch.extend_lens).to(self.window_table.device)
+            window_out = self.window_table[token_rows, batch.positions]
+        contexts: dict[int | None, AttentionContext] = {}
+        for window in set(self.layer_windows) or {None}:
+            if window is not None and self.window_pool is not None and self.window_table is not None:
+                kv = _KVPlace(self.window_pool, self.window_table, window_out)
+            else:
+                kv = _KVPlace(self.pool, self.page_table, batch.out_slots)
+            contexts[window] = self._prepare_window(batch, window, kv)
+        if len(contexts) == 1:  # every layer alike, all in one pool: one context
+            return next(iter(contexts.values()))
+        return PerLayerWindow([contexts[w] for w in self.layer_windows], self.pool_layer_ids)
 
-    def _prepare_window(self, batch: Batch, window: int | None) -> AttentionContext:
+    def _prepare_window(self, batch: Batch, window: int | None, kv: _KVPlace) -> AttentionContext:
         """The context of the layers that attend within ``window`` (None: fully)."""
         if batch.attention is AttentionKind.DECODE:
-            return self._prepare_decode(batch, window)
-        return self._prepare_prefill(batch, window)
+            return self._prepare_decode(batch, window, kv)
+        return self._prepare_prefill(batch, window, kv)
 
-    def _prepare_prefill(self, batch: Batch, window: int | None) -> AttentionContext:
+    def _prepare_prefill(self, batch: Batch, window: int | None, kv: _KVPlace) -> AttentionContext:
         """Requests with nothing cached (and, with a window, no more new tokens than it) attend to
         their fresh K/V directly; the rest are gathered into padded calls."""
         prefixes, new_lens, rows = batch.prefix_lens.tolist(), batch.extend_lens.tolist(), batch.table_rows.tolist()
@@ -90,17 +111,17 @@ class TorchAttentionBackend(AttentionBackend):
                 gathered.append((q_start, n, prefix, row))
             q_start += n
         if len(fresh) == 1 and not gathered:
-            return SingleFreshPrefill(self.pool, batch.out_slots)
+            return SingleFreshPrefill(kv.pool, kv.out_slots)
         parts: list[PrefillPart] = [FreshPrefill(fresh)] if fresh else []
         kv_lens = [n + prefix - first_key(prefix, window) for _, n, prefix, _ in gathered]
         buckets = padding_buckets([g[1] for g in gathered], kv_lens)
-        parts += [CachedPrefill.build(self.page_table, [gathered[i] for i in b], window) for b in buckets]
-        return PrefillAttention(self.pool, batch.out_slots, parts)
+        parts += [CachedPrefill.build(kv.table, [gathered[i] for i in b], window) for b in buckets]
+        return PrefillAttention(kv.pool, kv.out_slots, parts)
 
-    def _prepare_decode(self, batch: Batch, window: int | None) -> DecodeAttention:
-        device = self.page_table.device
+    def _prepare_decode(self, batch: Batch, window: int | None, kv: _KVPlace) -> DecodeAttention:
+        device = kv.table.device
         kv_lens = batch.kv_lens.to(device)
-        slot_rows = self.page_table[batch.table_rows.to(device), : int(kv_lens.max())]
+        slot_rows = kv.table[batch.table_rows.to(device), : int(kv_lens.max())]
         # A window reads only each request's last ``window`` keys, and no shared runs (a shared
         # prefix may lie partly outside it). Keys read in place need no shared runs either.
         paged = self._paged_kernels
@@ -118,11 +139,11 @@ class TorchAttentionBackend(AttentionBackend):
         gather_at = (starts.unsqueeze(1) + positions).clamp(max=slot_rows.shape[1] - 1)
         kv_slots = torch.gather(slot_rows, 1, gather_at).contiguous()
         if paged is not None:
-            return PagedDecode(self.pool, PagedKV(self.pool.k, self.pool.v, batch.out_slots, kv_slots, own_lens), paged)
+            return PagedDecode(kv.pool, PagedKV(kv.pool.k, kv.pool.v, kv.out_slots, kv_slots, own_lens), paged)
         valid = positions < own_lens.unsqueeze(1)
         dtype = self.dtype
         bias = None if bool(valid.all()) else key_bias(valid, dtype).view(batch.num_reqs, 1, 1, max_len)
         if not groups:
-            return self._plain_decode(self.pool, batch.out_slots, kv_slots, bias)
+            return self._plain_decode(kv.pool, kv.out_slots, kv_slots, bias)
         shared = SharedRuns.build([(m, slot_rows[m[0], :n]) for m, n in groups], dtype)
-        return CascadeDecode(self.pool, batch.out_slots, kv_slots, bias, shared)
+        return CascadeDecode(kv.pool, kv.out_slots, kv_slots, bias, shared)

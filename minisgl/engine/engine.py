@@ -18,6 +18,7 @@ from minisgl.distributed.sharding import max_kv_heads
 from minisgl.kernels.native import cpu_paths, resolve_kernels
 from minisgl.kvcache.pool import KVPool
 from minisgl.kvcache.table import TableManager
+from minisgl.kvcache.window import full_slots_in_budget, sliding_window, slots_per_request, window_pool_slots
 from minisgl.layers.quant import QuantizedWeight
 from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import local_heads
@@ -50,30 +51,53 @@ class Engine:
         budget_heads = cfg.num_kv_heads if tp is None else max_kv_heads(cfg.num_heads, cfg.num_kv_heads, tp.size)
         quantized = any(isinstance(m, QuantizedWeight) for m in self.model.modules())
         kv_dtype = config.kv_torch_dtype(quantized)
-        bytes_per_token = KVPool.bytes_per_token(cfg.num_layers, budget_heads, cfg.head_dim, kv_dtype)
-        num_pages = config.num_page_override or int(config.kv_memory_gb * 2**30) // (bytes_per_token * config.page_size)
+        # Sliding-window layers keep their KV in a pool of their own, sized by ``window_kv_ratio``.
+        self.window = sliding_window(cfg.layer_windows, self.max_seq_len)
+        num_windowed = sum(w is not None for w in cfg.layer_windows) if self.window is not None else 0
+        full_bytes = KVPool.bytes_per_token(cfg.num_layers - num_windowed, budget_heads, cfg.head_dim, kv_dtype)
+        window_bytes = KVPool.bytes_per_token(num_windowed, budget_heads, cfg.head_dim, kv_dtype)
+        min_window = slots_per_request(self.window, config.max_draft) if self.window is not None else 0
+        if config.num_page_override:
+            num_pages = config.num_page_override
+        else:
+            budget = int(config.kv_memory_gb * 2**30)
+            full_slots = full_slots_in_budget(budget, full_bytes, window_bytes, config.window_kv_ratio, min_window)
+            num_pages = full_slots // config.page_size
         if num_pages < 1:
             raise ValueError(f"KV memory budget of {config.kv_memory_gb} GiB holds no page")
+        num_slots = num_pages * config.page_size
+        num_window_slots = window_pool_slots(num_slots, config.window_kv_ratio, min_window) if num_windowed else 0
         self.pool = KVPool(
-            cfg.num_layers, num_pages, config.page_size, heads.num_kv, cfg.head_dim, kv_dtype, self.device
+            cfg.num_layers - num_windowed, num_pages, config.page_size, heads.num_kv, cfg.head_dim, kv_dtype, self.device
         )
-        self.table = TableManager(config.max_running_req, self.max_seq_len, self.device)
+        # Slot 0 of the window pool is the scratch slot (``window.ABSENT``), never handed out.
+        self.window_pool = (
+            KVPool(num_windowed, num_window_slots + 1, 1, heads.num_kv, cfg.head_dim, kv_dtype, self.device)
+            if num_windowed
+            else None
+        )
+        self.table = TableManager(config.max_running_req, self.max_seq_len, self.device, windowed=bool(num_windowed))
         self.attention = ATTENTION_BACKENDS.get(config.attention_backend)(
             self.pool, self.table.page_table, heads.num_q, heads.num_kv, cfg.head_dim, cfg.layer_windows,
-            config.torch_dtype, self.kernels,
+            config.torch_dtype, self.kernels, self.window_pool, self.table.window_table,
         )
         self.sampler = Sampler(config.seed)
         # Bytes by part, fixed from here on (the start-up log, ``/metrics``, ``LLM.stats()``).
-        self.memory = {**memory_bytes(self.model), "kv_pool": self.pool.nbytes}
+        kv_bytes = self.pool.nbytes + (self.window_pool.nbytes if self.window_pool is not None else 0)
+        self.memory = {**memory_bytes(self.model), "kv_pool": kv_bytes}
         logger.info(
             "KV pool: %d pages x %d tokens = %d tokens (%.1f MiB, %s) on %s; context %d",
-            num_pages, config.page_size, self.pool.num_slots, self.pool.num_slots * bytes_per_token / 2**20,
+            num_pages, config.page_size, num_slots, kv_bytes / 2**20,
             str(kv_dtype).removeprefix("torch."), self.device, self.max_seq_len,
         )  # fmt: skip
-        logger.info(
-            "memory: weights %.1f MiB, KV pool %.1f MiB, dequantization buffer %.1f MiB",
-            *(self.memory[part] / 2**20 for part in ("weights", "kv_pool", "dequant_buffer")),
-        )
+        if num_windowed:
+            every_layer = (num_slots * full_bytes + num_window_slots * window_bytes) // (full_bytes + window_bytes)
+            logger.info(
+                "sliding-window layers (%d of %d, window %d): %d window slots (%.1f MiB); %d tokens fit, "
+                "%.1fx the %d of full attention in every layer in the same memory",
+                num_windowed, cfg.num_layers, self.window, num_window_slots, self.window_pool.nbytes / 2**20,
+                num_slots, num_slots / max(1, every_layer), every_layer,
+            )  # fmt: skip
         if self.device.type == "cpu":
             kernels = self.kernels.variant.description if self.kernels is not None else "none (torch's kernels)"
             logger.info("C kernels (kernels=%s): %s", config.kernels, kernels)

@@ -7,17 +7,24 @@ whole pages are ever stored, so every stored run of slots is a run of whole page
 Ownership rule: slots handed to ``insert_prefix`` beyond the returned ``cached_len`` belong to the
 cache from then on; the caller frees its own copies of ``[its cached_len, returned cached_len)``.
 Slots under a locked handle are never evicted.
+
+A ``match_limit`` (a model with a window pool: ``WindowSlots.usable_len``) cuts every match short to
+the longest part of it a request can start from, given the KV slots the cache holds for it.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterator
 from typing import NamedTuple
 
 import torch
 
 from minisgl.kvcache.snapshot import TreeSnapshot
+
+
+# The longest prefix of a cached run of KV slots (the match, in order) that a request may start from.
+MatchLimit = Callable[[torch.Tensor], int]
 
 
 class CacheHandle(ABC):
@@ -55,11 +62,12 @@ class PrefixCache(ABC):
     # that shares a long uncached prefix with one being prefilled, rather than compute it twice.
     shares_prefixes: bool = True
 
-    def __init__(self, device: torch.device | str, page_size: int = 1) -> None:
+    def __init__(self, device: torch.device | str, page_size: int = 1, match_limit: MatchLimit | None = None) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.device = torch.device(device)
         self.page_size = page_size
+        self.match_limit = match_limit
 
     @abstractmethod
     def match_prefix(self, input_ids: torch.Tensor, namespace: str | None = None) -> MatchResult:
@@ -76,6 +84,11 @@ class PrefixCache(ABC):
         with this context went on with), a draft for speculative decoding. Read-only like ``match_len``;
         empty where nothing cached continues it, or for a cache that keeps no tree."""
         return []
+
+    def slots_by_age(self) -> Iterator[torch.Tensor]:
+        """The KV slots the cache holds, a run per entry, least recently used first (what a second pool
+        evicts its part of first); nothing for a cache that holds nothing."""
+        return iter(())
 
     @abstractmethod
     def insert_prefix(

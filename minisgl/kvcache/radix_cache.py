@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from minisgl.kernels.ops import fast_compare_key
-from minisgl.kvcache.base import CacheHandle, InsertResult, MatchResult, PrefixCache, SizeInfo
+from minisgl.kvcache.base import CacheHandle, InsertResult, MatchLimit, MatchResult, PrefixCache, SizeInfo
 from minisgl.kvcache.snapshot import NamespaceView, NodeView, TreeSnapshot
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -67,8 +67,8 @@ class RadixHandle(CacheHandle):
 
 
 class RadixPrefixCache(PrefixCache):
-    def __init__(self, device: torch.device | str, page_size: int = 1) -> None:
-        super().__init__(device, page_size)
+    def __init__(self, device: torch.device | str, page_size: int = 1, match_limit: MatchLimit | None = None) -> None:
+        super().__init__(device, page_size, match_limit)
         self._init_state()
 
     def _init_state(self) -> None:
@@ -94,14 +94,24 @@ class RadixPrefixCache(PrefixCache):
         root = self._roots.get(namespace)
         if root is None:
             return MatchResult(self._empty_handle())
-        node, matched = self._walk(root, self._to_tokens(input_ids[: self._align(len(input_ids))]))
+        tokens = self._to_tokens(input_ids[: self._align(len(input_ids))])
+        if self.match_limit is not None:
+            tokens = tokens[: self._limited_len(root, tokens)]
+        node, matched = self._walk(root, tokens)
         return MatchResult(RadixHandle(node, matched, self.device))
 
     def match_len(self, input_ids: torch.Tensor, namespace: str | None = None) -> int:
         root = self._roots.get(namespace)
         if root is None:
             return 0
-        return self._descend(root, self._to_tokens(input_ids[: self._align(len(input_ids))]))[1]
+        tokens = self._to_tokens(input_ids[: self._align(len(input_ids))])
+        if self.match_limit is not None:
+            return self._limited_len(root, tokens)
+        return self._descend(root, tokens)[1]
+
+    def slots_by_age(self) -> Iterator[torch.Tensor]:
+        # A walk stamps a whole path, so a node is never older than the nodes below it.
+        return (node.value for node in sorted(self._iter_nodes(), key=lambda node: node.timestamp))
 
     def continuation(self, input_ids: torch.Tensor, namespace: str | None, max_len: int) -> list[int]:
         root = self._roots.get(namespace)
@@ -349,6 +359,15 @@ class RadixPrefixCache(PrefixCache):
                 break
             node = child
         return path, pos, n
+
+    def _limited_len(self, root: _Node, tokens: np.ndarray) -> int:
+        """Read-only: the length of the match of ``tokens`` as ``match_limit`` cuts it."""
+        assert self.match_limit is not None
+        path, matched, covered = self._descend(root, tokens)
+        if not path:
+            return 0
+        slots = torch.cat([*(node.value for node in path[:-1]), path[-1].value[:covered]])
+        return self._align(min(matched, self.match_limit(slots)))
 
     def _walk(self, root: _Node, tokens: np.ndarray) -> tuple[_Node, int]:
         """Descend along page-aligned ``tokens`` as a use of the prefix: every node on the path

@@ -8,8 +8,9 @@ Each message is a fixed-size int64 header over the control group (ranks 1..N-1 b
              extend_lens[R] page-table entries[E]
 
 That is the whole ``Batch`` but its sampling parameters (only rank 0 samples). The entries are
-``page_table[row, :prefix_len + extend_len]`` of every request in the batch, so a rank's page table
-holds rank 0's values for every slot the attention backend reads this step; the KV slots themselves
+``page_table[row, :prefix_len + extend_len]`` of every request in the batch (then the same of the
+window table, for a model whose windowed layers have a pool of their own), so a rank's tables hold
+rank 0's values for every slot the attention backend reads this step; the KV slots themselves
 (which pages are free, cached, owned) are decided by rank 0 alone.
 """
 
@@ -36,6 +37,8 @@ class BatchSync:
     def __init__(self, tp: TPGroup, engine: Engine) -> None:
         self.tp, self.engine = tp, engine
         self.page_table, self.device = engine.table.page_table, engine.device
+        window_table = engine.table.window_table
+        self.tables = [self.page_table] if window_table is None else [self.page_table, window_table]
         self.kv_heads = engine.pool.k.shape[2]
         # Every KV slot this rank has written: the same set on every rank, or the pools diverged.
         self.written = torch.zeros(engine.pool.num_slots, dtype=torch.bool, device=self.device)
@@ -49,9 +52,8 @@ class BatchSync:
         self._send_header(OP_FORWARD, batch.attention.value, batch.num_reqs, tokens, sampled, int(kv_lens.sum()))
         meta = torch.cat([batch.table_rows, batch.prefix_lens, batch.extend_lens]).to(self.device)
         r_idx, c_idx = self._table_index(meta[: batch.num_reqs], kv_lens.to(self.device))
-        payload = torch.cat(
-            [batch.input_ids, batch.positions, batch.out_slots, batch.sample_rows, meta, self.page_table[r_idx, c_idx]]
-        )
+        entries = [table[r_idx, c_idx] for table in self.tables]
+        payload = torch.cat([batch.input_ids, batch.positions, batch.out_slots, batch.sample_rows, meta, *entries])
         dist.broadcast(payload, 0)
         self._record(batch.out_slots)
 
@@ -93,12 +95,13 @@ class BatchSync:
                 continue
             if op != OP_FORWARD:
                 raise RuntimeError(f"unknown tensor-parallel message {op}")
-            payload = torch.empty(3 * tokens + sampled + 3 * num_reqs + entries, dtype=torch.int64, device=self.device)
+            sizes = [tokens, tokens, tokens, sampled, num_reqs, num_reqs, num_reqs] + [entries] * len(self.tables)
+            payload = torch.empty(sum(sizes), dtype=torch.int64, device=self.device)
             dist.broadcast(payload, 0)
-            input_ids, positions, out_slots, sample_rows, rows, prefix_lens, extend_lens, table = payload.split(
-                [tokens, tokens, tokens, sampled, num_reqs, num_reqs, num_reqs, entries]
-            )
-            self.page_table[self._table_index(rows, prefix_lens + extend_lens)] = table
+            input_ids, positions, out_slots, sample_rows, rows, prefix_lens, extend_lens, *values = payload.split(sizes)
+            index = self._table_index(rows, prefix_lens + extend_lens)
+            for table, value in zip(self.tables, values):
+                table[index] = value
             self._record(out_slots)
             return Batch(
                 AttentionKind(attention), input_ids, positions, out_slots, rows.cpu(), prefix_lens.cpu(), extend_lens.cpu(), sample_rows

@@ -15,6 +15,23 @@ What happens to each region of a request (see ``Req`` for the regions):
 |                  | stays cached, evictable         |                                    |                             |
 
 Capacity is conserved: free + evictable + protected + owned by requests = all slots.
+
+A model whose sliding-window layers have a pool of their own (``kvcache/window.py``) also has a window
+slot for some of those tokens; what happens to them:
+
+| event                 | window slots                                                              |
+|-----------------------|---------------------------------------------------------------------------|
+| admission             | a cached prefix is matched only as far as its last window - 1 tokens have |
+|                       | them; window slots for the request's lifetime are reserved                |
+| before a pass         | its own tokens out of the window are released; each new token a later    |
+|                       | pass reads gets one (the last window - 1 of a chunk, every decode token), |
+|                       | the chunk's others too while the pool has room, evicting cached ones      |
+|                       | least recently used first, never those in a running request's window      |
+| commit                | they go to the cache with their tokens; a duplicate's move to the cached  |
+|                       | token that lacks one                                                      |
+| a full slot is freed  | its window slot too                                                       |
+
+Window slots are conserved too: free + held for cached tokens + held for requests' own = all.
 """
 
 from __future__ import annotations
@@ -23,7 +40,11 @@ import torch
 
 from minisgl.kvcache.base import PrefixCache
 from minisgl.kvcache.table import TableManager
+from minisgl.kvcache.window import WindowSlots
 from minisgl.request import Req
+
+
+_NO_SLOTS = torch.empty(0, dtype=torch.int64)
 
 
 def align_up(n: int, page_size: int) -> int:
@@ -31,7 +52,18 @@ def align_up(n: int, page_size: int) -> int:
 
 
 class CacheManager:
-    def __init__(self, cache: PrefixCache, num_pages: int, page_size: int, table: TableManager) -> None:
+    def __init__(
+        self,
+        cache: PrefixCache,
+        num_pages: int,
+        page_size: int,
+        table: TableManager,
+        window: WindowSlots | None = None,
+        window_per_request: int = 0,
+    ) -> None:
+        """``window``: the window slots of a model whose sliding-window layers have a pool of their own
+        (``table.window_table`` maps to them), ``window_per_request`` the most one request holds at once
+        (``window.slots_per_request``)."""
         self.cache, self.page_size, self.table = cache, page_size, table
         self.capacity = num_pages * page_size
         self._free_pages = torch.arange(num_pages, dtype=torch.int64)
@@ -39,6 +71,10 @@ class CacheManager:
         # Slots promised to admitted requests but not allocated yet: admission never overcommits.
         self._reserved = 0
         self.evicted_tokens = 0
+        self.window, self._window_per_request = window, window_per_request
+        self._window_reserved = 0  # window slots promised to admitted requests
+        self._admitted: dict[int, Req] = {}  # by page-table row: whose windows eviction must keep
+        self.window_evicted_tokens = 0
 
     # -- sizes ---------------------------------------------------------------------------------
     @property
@@ -70,15 +106,32 @@ class CacheManager:
         handle = self.cache.match_prefix(self._matchable(req), req.namespace).handle
         self.cache.lock_handle(handle)
         need = align_up(req.max_kv_len, self.page_size) - handle.cached_len
-        if self.unreserved_size < need:
+        window_need = self._window_need(req)
+        if self.unreserved_size < need or self._window_reserved + window_need > self._window_capacity:
             self.cache.lock_handle(handle, unlock=True)
             return False
         req.row = self.table.allocate()
         req.handle, req.cached_len, req.device_len = handle, handle.cached_len, handle.cached_len
-        req.allocated_len = req.cached_prompt_tokens = handle.cached_len
-        self.table.page_table[req.row, : handle.cached_len] = handle.get_matched_indices()
+        req.allocated_len = req.cached_prompt_tokens = req.window_released_len = handle.cached_len
+        self._set_row(req, handle.get_matched_indices())
         self._reserved += need
+        self._window_reserved += window_need
+        self._admitted[req.row] = req
         return True
+
+    def _window_need(self, req: Req) -> int:
+        return min(align_up(req.max_kv_len, self.page_size), self._window_per_request) if self.window else 0
+
+    @property
+    def _window_capacity(self) -> int:
+        return self.window.capacity if self.window is not None else 0
+
+    def _set_row(self, req: Req, slots: torch.Tensor) -> None:
+        """The request's first ``len(slots)`` positions are held by ``slots`` (and their window slots)."""
+        self.table.page_table[req.row, : len(slots)] = slots
+        if self.window is not None:
+            assert self.table.window_table is not None
+            self.table.window_table[req.row, : len(slots)] = self.window.slot_of[slots.cpu()].to(slots.device)
 
     # -- allocation ----------------------------------------------------------------------------
     def allocate(self, reqs: list[Req], lengths: list[int]) -> None:
@@ -95,6 +148,55 @@ class CacheManager:
             req.allocated_len += size
             start += size
         self._reserved -= len(slots)
+        if self.window is not None:
+            self._place_window(reqs, lengths)
+
+    def _place_window(self, reqs: list[Req], lengths: list[int]) -> None:
+        """Before a pass computing each request's positions up to its entry in ``lengths``: release
+        the window slots of its own tokens no later query sees, and give the new tokens theirs."""
+        window, table = self.window, self.table
+        assert window is not None and table.window_table is not None
+        reach = window.window - 1  # keys a query sees before its own position
+        needed: list[torch.Tensor] = []  # full slots that must have a window slot for this pass
+        optional: list[torch.Tensor] = []  # chunk tokens no later pass reads: kept if there is room
+        for req, end in zip(reqs, lengths):
+            row = table.page_table[req.row]
+            start = max(req.window_released_len, req.cached_len)
+            stop = req.device_len - reach
+            if stop > start:
+                window.release(row[start:stop].cpu())
+                req.window_released_len = stop
+            new = end - req.device_len
+            # A decode pass reads its new tokens back from the pool; a prefill chunk reads them fresh.
+            keep_from = req.device_len if not req.is_prefilling and new <= self._window_per_request - reach else end - reach
+            keep_from = max(req.device_len, keep_from)
+            needed.append(row[keep_from:end].cpu())
+            if req.is_prefilling:  # a chunk goes to the cache after the pass, its window KV with it
+                optional.append(row[req.device_len : keep_from].cpu().flip(0))  # the latest first
+        must, extra = torch.cat(needed), torch.cat([_NO_SLOTS, *optional])
+        missing = int((~window.present(must)).sum())
+        self._make_window_room(missing + len(extra))
+        window.assign(must)
+        if window.free_size:
+            window.assign(extra[: window.free_size])
+        for req, end in zip(reqs, lengths):
+            slots = table.page_table[req.row, req.device_len : end]
+            table.window_table[req.row, req.device_len : end] = window.slot_of[slots.cpu()].to(slots.device)
+
+    def _make_window_room(self, n: int) -> None:
+        """Evict cached tokens' window slots, least recently used first, until ``n`` are free or only
+        those in an admitted request's window are left."""
+        window = self.window
+        assert window is not None
+        if window.free_size >= n:
+            return
+        kept = torch.zeros(len(window.slot_of), dtype=torch.bool)
+        for req in self._admitted.values():
+            kept[self.table.page_table[req.row, max(0, req.device_len - window.window + 1) : req.device_len].cpu()] = True
+        for slots in self.cache.slots_by_age():
+            self.window_evicted_tokens += window.release(slots[~kept[slots]])
+            if window.free_size >= n:
+                return
 
     def _take_pages(self, n: int) -> torch.Tensor:
         if n > len(self._free_pages):
@@ -105,9 +207,11 @@ class CacheManager:
         return pages
 
     def _free_slots(self, slots: torch.Tensor) -> None:
-        """Return whole pages, given all their slots in page order."""
+        """Return whole pages, given all their slots in page order (and their window slots)."""
         if len(slots):
             self._free_pages = torch.cat([self._free_pages, slots[:: self.page_size].cpu() // self.page_size])
+            if self.window is not None:
+                self.window.release(slots.cpu())
 
     # -- insertion and release -----------------------------------------------------------------
     def commit(self, req: Req, finished: bool) -> None:
@@ -116,8 +220,11 @@ class CacheManager:
         ids = torch.tensor(req.token_ids[: req.device_len], dtype=torch.int64)
         already_cached, handle = self.cache.insert_prefix(ids, row[: req.device_len], req.namespace)
         if already_cached > req.cached_len:
+            matched = handle.get_matched_indices()
+            if self.window is not None:
+                self.window.adopt(matched[req.cached_len : already_cached].cpu(), row[req.cached_len : already_cached].cpu())
             self._free_slots(row[req.cached_len : already_cached])
-            row[: handle.cached_len] = handle.get_matched_indices()
+            self._set_row(req, matched)
         # Lock the new handle before unlocking the old one so the shared path never looks evictable.
         self.cache.lock_handle(handle)
         assert req.handle is not None
@@ -127,6 +234,8 @@ class CacheManager:
             self.cache.lock_handle(handle, unlock=True)
             self._free_slots(row[req.cached_len : req.allocated_len])
             self._reserved -= align_up(req.max_kv_len, self.page_size) - req.allocated_len
+            self._window_reserved -= self._window_need(req)
+            del self._admitted[req.row]
             self.table.free(req.row)
             req.row, req.handle = -1, None
 
@@ -150,3 +259,38 @@ class CacheManager:
         assert self._reserved >= 0, f"negative reservation {self._reserved}"
         if not running:
             assert self._reserved == 0, f"idle engine still reserves {self._reserved} slots"
+        assert set(self._admitted.values()) == set(running), "the admitted requests drifted"
+        if self.window is not None:
+            self._check_window(running, owned)
+
+    def _check_window(self, running: list[Req], owned: torch.Tensor) -> None:
+        """free + held for cached tokens + held for requests' own = all window slots; every running
+        request's window is held, and its window table row says where."""
+        window, table = self.window, self.table.window_table
+        assert window is not None and table is not None
+        window.check_integrity()
+        holders = torch.zeros(len(window.slot_of), dtype=torch.bool)
+        holders[torch.cat([_NO_SLOTS, owned, *self.cache.slots_by_age()])] = True
+        assert not bool((window.slot_of[~holders] != 0).any()), "a free KV slot still holds a window slot"
+        for req in running:
+            first = max(0, req.device_len - window.window + 1)
+            slots = self.table.page_table[req.row, first : req.device_len].cpu()
+            assert bool(window.present(slots).all()), f"request {req.rid} lost window KV it still reads"
+            mapped = table[req.row, first : req.device_len].cpu()
+            assert torch.equal(mapped, window.slot_of[slots]), f"request {req.rid}'s window table is stale"
+        reserved = sum(self._window_need(r) for r in running)
+        assert self._window_reserved == reserved, f"window reservation {self._window_reserved} != {reserved}"
+
+    def window_usage(self, running: list[Req]) -> dict[str, int]:
+        """Window slots by state (models with a window pool; else empty)."""
+        window = self.window
+        if window is None:
+            return {}
+        held_by_requests = int(window.present(self.owned_slots(running).cpu()).sum())
+        return {
+            "window_capacity": window.capacity,
+            "window_free": window.free_size,
+            "window_cached": window.capacity - window.free_size - held_by_requests,
+            "window_in_use": held_by_requests,
+            "window_evicted_total": self.window_evicted_tokens,
+        }

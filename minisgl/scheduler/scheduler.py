@@ -17,6 +17,7 @@ import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -27,6 +28,7 @@ from minisgl.constrained.spec import GrammarSpec
 from minisgl.engine.engine import Engine
 from minisgl.engine.runner import LocalRunner, Runner
 from minisgl.kvcache.registry import create_prefix_cache
+from minisgl.kvcache.window import WindowSlots, slots_per_request
 from minisgl.models.loader import resolve_model_path
 from minisgl.parallel.runner import TensorParallelRunner
 from minisgl.request import Req
@@ -65,8 +67,15 @@ class Scheduler:
     def __init__(self, runner: Runner, config: EngineConfig, tokenizer: PreTrainedTokenizerBase) -> None:
         self.runner, self.engine, self.tokenizer = runner, runner.engine, tokenizer
         engine = runner.engine
-        cache = create_prefix_cache(config.cache_type, engine.device, config.page_size)
-        self.cache_manager = CacheManager(cache, engine.pool.num_pages, config.page_size, engine.table)
+        window = None
+        if engine.window_pool is not None and engine.window is not None:  # sliding-window layers' own slots
+            window = WindowSlots(engine.pool.num_slots, engine.window_pool.num_slots - 1, engine.window)
+        match_limit = partial(window.usable_len, page_size=config.page_size) if window is not None else None
+        cache = create_prefix_cache(config.cache_type, engine.device, config.page_size, match_limit)
+        self.cache_manager = CacheManager(
+            cache, engine.pool.num_pages, config.page_size, engine.table,
+            window, slots_per_request(window.window, config.max_draft) if window is not None else 0,
+        )  # fmt: skip
         self.planner = PrefillPlanner(self.cache_manager, config.schedule_policy, config.max_prefill_tokens)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
@@ -388,6 +397,7 @@ class Scheduler:
             "protected": protected,
             "in_use": len(self.cache_manager.owned_slots(self.running)),
             "evicted_total": self.cache_manager.evicted_tokens,
+            **self.cache_manager.window_usage(self.running),
         }
 
     def snapshot(self) -> StatsSnapshot:

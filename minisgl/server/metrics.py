@@ -55,6 +55,17 @@ class _SchedulerCollector(Collector):
         yield CounterMetricFamily(
             "minisgl_kv_evicted_tokens", "KV slots evicted from the prefix cache", value=snapshot.kv.get("evicted_total", 0)
         )
+        if "window_capacity" in snapshot.kv:  # a model whose sliding-window layers have a pool of their own
+            window = GaugeMetricFamily(
+                "minisgl_window_kv_tokens", "Sliding-window layers' KV slots by state", labels=["state"]
+            )
+            for state in ("capacity", "free", "cached", "in_use"):
+                window.add_metric([state], snapshot.kv[f"window_{state}"])
+            yield window
+            yield CounterMetricFamily(
+                "minisgl_window_kv_evicted_tokens", "Cached tokens' sliding-window KV evicted",
+                value=snapshot.kv["window_evicted_total"],
+            )  # fmt: skip
         memory = GaugeMetricFamily("minisgl_memory_bytes", "Memory held by part (weights, KV pool, buffers)", labels=["part"])
         for part, size in snapshot.memory.items():
             memory.add_metric([part], size)
