@@ -94,7 +94,7 @@ def main() -> None:
     parser.add_argument("--prefix", type=int, default=1000)
     parser.add_argument("--kv-memory-gb", type=float, default=0.25)
     args = parser.parse_args()
-    print(machine_info())
+    print(machine_info(torch.get_num_threads()))
     print(f"model: random Gemma 3 270M shape {SHAPE}, fp32, window_kv_ratio default {WINDOW_KV_RATIO}")
     workdir = Path(tempfile.mkdtemp(prefix="minisgl-window-"))
     try:

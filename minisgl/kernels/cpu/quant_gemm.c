@@ -32,6 +32,15 @@
 #define LANES 16         // 32-bit lanes of a pair's digits; x's steps are stored per lane
 #define MAX_ROWS 4       // rows of x applied per pass over the weight; more rows take several passes
 #define OUT_TILE 4       // output rows interleaved per pass: independent accumulator chains
+// A single row of x leaves registers for twice the int4 output rows, and more loads in flight: with a
+// one-instruction dot product (VNNI) that streams the weight faster (benchmarks.decode_per_byte); the
+// plain AVX2 dot needs the registers itself.
+#if defined(KERNELS_AVX512) || defined(KERNELS_AVXVNNI)
+#define ONE_ROW_TILE 8
+#else
+#define ONE_ROW_TILE 4
+#endif
+#define MAX_TILE (ONE_ROW_TILE > OUT_TILE ? ONE_ROW_TILE : OUT_TILE)
 #define PREFETCH_ROWS 32
 #define INT8_CHUNK 4096  // columns summed in int32 before going to fp32: |x| <= 32767, |q| <= 127, and
                          // an 8-lane body sums 512 products a lane per chunk (< 2^31)
@@ -196,7 +205,7 @@ static inline __attribute__((always_inline)) void int4_tile(
     const float *xsums) {
     const int64_t pairs = K / PAIR, groups = K / GROUP, padded = (groups + 15) / 16 * 16;
     const __m256i nibble = _mm256_set1_epi8(0x0F);
-    __m512 acc[OUT_TILE][MAX_ROWS];
+    __m512 acc[MAX_TILE][MAX_ROWS];
     for (int64_t t = 0; t < T; t++)
         for (int64_t r = 0; r < R; r++) acc[t][r] = _mm512_setzero_ps();
     prefetch_int4_scales(scale, minimum, T, o0, N, groups);
@@ -296,7 +305,7 @@ static inline __attribute__((always_inline)) void int4_tile(
     const float *xsums) {
     const int64_t pairs = K / PAIR, groups = K / GROUP, padded = (groups + 15) / 16 * 16;
     const __m256i nibble = _mm256_set1_epi8(0x0F);
-    __m256 acc[OUT_TILE][MAX_ROWS];
+    __m256 acc[MAX_TILE][MAX_ROWS];
     for (int64_t t = 0; t < T; t++)
         for (int64_t r = 0; r < R; r++) acc[t][r] = _mm256_setzero_ps();
     prefetch_int4_scales(scale, minimum, T, o0, N, groups);
@@ -336,12 +345,14 @@ static inline __attribute__((always_inline)) void int4_tile(
 }
 #endif
 
+#define INT4_TILE(R) ((R) == 1 ? ONE_ROW_TILE : OUT_TILE)
 #define INT4_ROWS(R)                                                                                          \
     static void int4_rows_##R(int64_t K, const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum,  \
                               int64_t begin, int64_t end, int64_t N, float *y, const int8_t *xc,              \
                               const float *xs, const float *xsum) {                                           \
         int64_t o = begin;                                                                                    \
-        for (; o + OUT_TILE <= end; o += OUT_TILE) int4_tile(OUT_TILE, R, K, codes, scale, minimum, o, N, y, xc, xs, xsum); \
+        for (; o + INT4_TILE(R) <= end; o += INT4_TILE(R))                                                    \
+            int4_tile(INT4_TILE(R), R, K, codes, scale, minimum, o, N, y, xc, xs, xsum);                      \
         for (; o < end; o++) int4_tile(1, R, K, codes, scale, minimum, o, N, y, xc, xs, xsum);                \
     }
 INT4_ROWS(1)
@@ -362,10 +373,10 @@ static int int4_block(const float *x, int64_t rows, int64_t K, const uint8_t *co
     memset(xsum, 0, sizeof(float) * (size_t)(rows * padded));  // the padding past the last group stays 0
     for (int64_t r = 0; r < rows; r++)
         prepare_int4_row(x + r * K, K, xc + r * pairs * PAIR_CODES, xs + r * pairs * LANES, xsum + r * padded);
-    const int64_t tiles = (N + OUT_TILE - 1) / OUT_TILE;
+    const int64_t tile = INT4_TILE(rows), tiles = (N + tile - 1) / tile;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
-        const int64_t begin = t * OUT_TILE, end = min64(begin + OUT_TILE, N);
+        const int64_t begin = t * tile, end = min64(begin + tile, N);
         switch (rows) {
             case 1: int4_rows_1(K, codes, scale, minimum, begin, end, N, y, xc, xs, xsum); break;
             case 2: int4_rows_2(K, codes, scale, minimum, begin, end, N, y, xc, xs, xsum); break;
