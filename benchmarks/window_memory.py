@@ -119,7 +119,9 @@ def main() -> None:
         llm = LLM(str(folder), quantization="none", num_page_override=need)
         pool = llm.scheduler.engine.memory["kv_pool"]
         start = time.perf_counter()
-        _, peak_window, peak = run(llm, [tokens(need - out_len + 1)], SamplingParams(max_tokens=out_len, ignore_eos=True))
+        _, peak_window, peak = run(
+            llm, [tokens(need - out_len + 1)], SamplingParams(max_tokens=out_len, ignore_eos=True)
+        )
         full = full_attention_bytes(llm, need)
         print(f"\n2. one {need}-token context: KV pool {pool / 2**20:.1f} MiB, peak held {peak / 2**20:.1f} MiB "
               f"(window slots in use at most {peak_window}); full attention in every layer holds "

@@ -93,7 +93,9 @@ def test_slot_map_against_a_dict(ops: list[tuple[str, list[int]]]) -> None:
     ratio=st.floats(0.01, 1.0),
     min_slots=st.integers(1, 300),
 )
-def test_budget_split_is_the_largest_that_fits(budget: int, full_bytes: int, window_bytes: int, ratio: float, min_slots: int) -> None:
+def test_budget_split_is_the_largest_that_fits(
+    budget: int, full_bytes: int, window_bytes: int, ratio: float, min_slots: int
+) -> None:
     def cost(n: int) -> int:
         return n * full_bytes + (window_pool_slots(n, ratio, min_slots) + 1) * window_bytes
 
@@ -138,7 +140,9 @@ def workload(seed: int = 0) -> list[list[int]]:
     return prompts
 
 
-def run_checked(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[list[list[int]], list[int], list[int]]:
+def run_checked(
+    llm: LLM, prompts: list[list[int]], params: SamplingParams
+) -> tuple[list[list[int]], list[int], list[int]]:
     """Generate step by step, checking the KV accounting after every step and the window slots held
     by running requests against their bound; (tokens, cached tokens, peak window slots in use)."""
     scheduler = llm.scheduler

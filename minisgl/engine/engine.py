@@ -67,9 +67,8 @@ class Engine:
             raise ValueError(f"KV memory budget of {config.kv_memory_gb} GiB holds no page")
         num_slots = num_pages * config.page_size
         num_window_slots = window_pool_slots(num_slots, config.window_kv_ratio, min_window) if num_windowed else 0
-        self.pool = KVPool(
-            cfg.num_layers - num_windowed, num_pages, config.page_size, heads.num_kv, cfg.head_dim, kv_dtype, self.device
-        )
+        num_full = cfg.num_layers - num_windowed
+        self.pool = KVPool(num_full, num_pages, config.page_size, heads.num_kv, cfg.head_dim, kv_dtype, self.device)
         # Slot 0 of the window pool is the scratch slot (``window.ABSENT``), never handed out.
         self.window_pool = (
             KVPool(num_windowed, num_window_slots + 1, 1, heads.num_kv, cfg.head_dim, kv_dtype, self.device)

@@ -22,7 +22,6 @@ import torch
 
 from minisgl.kvcache.snapshot import TreeSnapshot
 
-
 # The longest prefix of a cached run of KV slots (the match, in order) that a request may start from.
 MatchLimit = Callable[[torch.Tensor], int]
 

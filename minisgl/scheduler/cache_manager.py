@@ -43,7 +43,6 @@ from minisgl.kvcache.table import TableManager
 from minisgl.kvcache.window import WindowSlots
 from minisgl.request import Req
 
-
 _NO_SLOTS = torch.empty(0, dtype=torch.int64)
 
 
@@ -166,10 +165,9 @@ class CacheManager:
             if stop > start:
                 window.release(row[start:stop].cpu())
                 req.window_released_len = stop
-            new = end - req.device_len
             # A decode pass reads its new tokens back from the pool; a prefill chunk reads them fresh.
-            keep_from = req.device_len if not req.is_prefilling and new <= self._window_per_request - reach else end - reach
-            keep_from = max(req.device_len, keep_from)
+            read_back = not req.is_prefilling and end - req.device_len <= self._window_per_request - reach
+            keep_from = req.device_len if read_back else max(req.device_len, end - reach)
             needed.append(row[keep_from:end].cpu())
             if req.is_prefilling:  # a chunk goes to the cache after the pass, its window KV with it
                 optional.append(row[req.device_len : keep_from].cpu().flip(0))  # the latest first
@@ -192,7 +190,8 @@ class CacheManager:
             return
         kept = torch.zeros(len(window.slot_of), dtype=torch.bool)
         for req in self._admitted.values():
-            kept[self.table.page_table[req.row, max(0, req.device_len - window.window + 1) : req.device_len].cpu()] = True
+            first = max(0, req.device_len - window.window + 1)
+            kept[self.table.page_table[req.row, first : req.device_len].cpu()] = True
         for slots in self.cache.slots_by_age():
             self.window_evicted_tokens += window.release(slots[~kept[slots]])
             if window.free_size >= n:
@@ -222,7 +221,8 @@ class CacheManager:
         if already_cached > req.cached_len:
             matched = handle.get_matched_indices()
             if self.window is not None:
-                self.window.adopt(matched[req.cached_len : already_cached].cpu(), row[req.cached_len : already_cached].cpu())
+                computed_twice = slice(req.cached_len, already_cached)
+                self.window.adopt(matched[computed_twice].cpu(), row[computed_twice].cpu())
             self._free_slots(row[req.cached_len : already_cached])
             self._set_row(req, matched)
         # Lock the new handle before unlocking the old one so the shared path never looks evictable.
