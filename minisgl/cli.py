@@ -35,6 +35,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-running-req", type=int, default=d.max_running_req, help="most requests decoded together")
     g.add_argument("--num-pages", type=int, default=None, dest="num_page_override", help="KV pool size in pages (overrides --kv-memory-gb)")
     g.add_argument("--kv-memory-gb", type=float, default=d.kv_memory_gb, help="memory budget for the KV pool, in GiB")
+    g.add_argument(
+        "--window-kv-ratio", type=float, default=d.window_kv_ratio,
+        help="models with sliding-window layers: their KV slots per full-attention slot (1: keep every cached token's)",
+    )  # fmt: skip
     g.add_argument("--max-seq-len", type=int, default=None, dest="max_seq_len_override", help="context length (default: the model's)")
     g.add_argument("--page-size", type=int, default=d.page_size, help="tokens per KV page")
     g.add_argument("--cache-type", default=d.cache_type, choices=["radix", "naive"], help="prefix cache: radix reuses shared prefixes, naive reuses nothing")

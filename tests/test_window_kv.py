@@ -5,6 +5,7 @@ KV of cached prefixes evicted under pressure, accounting balanced after every st
 
 from __future__ import annotations
 
+import argparse
 import random
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from tiny_models import VOCAB, build_tiny_model
 from transformers import AutoModelForCausalLM
 
 from minisgl import LLM, SamplingParams
+from minisgl.cli import add_engine_args, config_from_args
+from minisgl.config import EngineConfig
 from minisgl.kvcache.pool import KVPool
 from minisgl.kvcache.radix_cache import RadixPrefixCache
 from minisgl.kvcache.window import (
@@ -104,9 +107,15 @@ def test_budget_split_is_the_largest_that_fits(
     assert window_pool_slots(n, ratio, min_slots) <= n
 
 
-def test_a_window_of_one_position_is_refused() -> None:
+def test_bad_settings_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="at least 2 positions"):
         WindowSlots(8, 8, 1)
+    for ratio in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="window_kv_ratio"):
+            EngineConfig(window_kv_ratio=ratio)
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert config_from_args(parser.parse_args(["--window-kv-ratio", "0.5"])).window_kv_ratio == 0.5
 
 
 def test_radix_match_stops_where_the_window_kv_ends() -> None:

@@ -1,7 +1,8 @@
 """Attention with ``torch.nn.functional.scaled_dot_product_attention`` over the paged pool (CPU,
 CUDA). ``prepare`` picks one strategy per batch (``prefill.py``, ``decode.py``) and builds its
 metadata; the layers' calls then only run it. A model with sliding-window layers gets one context
-per distinct window, each layer's calls routed to its own."""
+per distinct window, each layer's calls routed to its own, over the window pool and table where the
+windowed layers have their own."""
 
 from __future__ import annotations
 
@@ -76,17 +77,13 @@ class TorchAttentionBackend(AttentionBackend):
         return self.kernels if kinds and pool.device.type == "cpu" and fits else None
 
     def prepare(self, batch: Batch) -> AttentionContext:
-        window_out = None
-        if self.window_table is not None:  # the windowed layers write their K/V to their own slots
+        full_kv = window_kv = _KVPlace(self.pool, self.page_table, batch.out_slots)
+        if self.window_pool is not None and self.window_table is not None:  # windowed layers: their own slots
             token_rows = batch.table_rows.repeat_interleave(batch.extend_lens).to(self.window_table.device)
-            window_out = self.window_table[token_rows, batch.positions]
+            window_kv = _KVPlace(self.window_pool, self.window_table, self.window_table[token_rows, batch.positions])
         contexts: dict[int | None, AttentionContext] = {}
         for window in set(self.layer_windows) or {None}:
-            if window is not None and self.window_pool is not None and self.window_table is not None:
-                kv = _KVPlace(self.window_pool, self.window_table, window_out)
-            else:
-                kv = _KVPlace(self.pool, self.page_table, batch.out_slots)
-            contexts[window] = self._prepare_window(batch, window, kv)
+            contexts[window] = self._prepare_window(batch, window, full_kv if window is None else window_kv)
         if len(contexts) == 1:  # every layer alike, all in one pool: one context
             return next(iter(contexts.values()))
         return PerLayerWindow([contexts[w] for w in self.layer_windows], self.pool_layer_ids)

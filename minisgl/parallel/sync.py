@@ -5,7 +5,7 @@ Each message is a fixed-size int64 header over the control group (ranks 1..N-1 b
 
     header   [op, attention kind, requests R, tokens T, sampled rows L, page-table entries E]
     payload  input_ids[T] positions[T] out_slots[T] sample_rows[L] table_rows[R] prefix_lens[R]
-             extend_lens[R] page-table entries[E]
+             extend_lens[R] page-table entries[E] (window-table entries[E])
 
 That is the whole ``Batch`` but its sampling parameters (only rank 0 samples). The entries are
 ``page_table[row, :prefix_len + extend_len]`` of every request in the batch (then the same of the
