@@ -276,8 +276,9 @@ def _pair_interleaved(words: np.ndarray, out: np.ndarray) -> None:
     of 32, as GGUF's blocks do, its 4-byte chunks alternating between the block's two groups
     (``quant_gemm.c``): so the layout is the two blocks' words interleaved, one copy."""
     rows, count, _ = words.shape
-    pairs = words.reshape(rows, count // 2, 2, 4).transpose(0, 1, 3, 2)
-    np.copyto(out.view(np.uint32).reshape(rows, count // 2, 4, 2), pairs)
+    pairs = torch.from_numpy(words.view(np.int32)).reshape(rows, count // 2, 2, 4).transpose(2, 3)
+    # torch's strided copy runs on its threads, numpy's on one.
+    torch.from_numpy(out.view(np.int32)).view(rows, count // 2, 4, 2).copy_(pairs)
 
 
 def _q4_0(blocks: np.ndarray, columns: int, codes: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> None:
