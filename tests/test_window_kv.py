@@ -6,7 +6,9 @@ KV of cached prefixes evicted under pressure, accounting balanced after every st
 from __future__ import annotations
 
 import argparse
+import logging
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -213,11 +215,12 @@ def test_small_window_pools_stay_token_exact(windowed: tuple[Path, list[list[int
         llm.shutdown()
 
 
-def test_window_pool_fits_more_tokens_in_the_same_memory(tmp_path: Path) -> None:
+def test_window_pool_fits_more_tokens_in_the_same_memory(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """One full layer in six: at the default ratio the same budget holds over 3x the tokens of full
-    attention in every layer, and the pools stay within it."""
+    attention in every layer, and the pools stay within it; the start-up log says both."""
     folder = build_tiny_model("gemma3_pattern6", tmp_path / "gemma")
-    llm = LLM(str(folder), quantization="none", kv_memory_gb=0.01)
+    with caplog.at_level(logging.INFO, logger="minisgl.engine"):
+        llm = LLM(str(folder), quantization="none", kv_memory_gb=0.01)
     try:
         engine, cfg = llm.scheduler.engine, llm.scheduler.engine.model_config
         budget = int(0.01 * 2**30)
@@ -226,6 +229,10 @@ def test_window_pool_fits_more_tokens_in_the_same_memory(tmp_path: Path) -> None
         assert engine.memory["kv_pool"] <= budget
         assert engine.pool.k.shape[0] == 1 and engine.window_pool is not None and engine.window_pool.k.shape[0] == 5
         assert llm.stats()["kv_window_capacity"] == engine.window_pool.num_slots - 1
+        stated = re.search(r"(\d+) tokens fit, ([\d.]+)x the (\d+) of full attention", caplog.text)
+        assert stated is not None and int(stated[1]) == engine.pool.num_slots and float(stated[2]) > 3
+        assert abs(int(stated[3]) - every_layer) <= 1  # the pools' bytes, the scratch slot left out
+        assert f"KV pool {engine.memory['kv_pool'] / 2**20:.1f} MiB" in caplog.text
     finally:
         llm.shutdown()
 

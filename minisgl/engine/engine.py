@@ -94,9 +94,13 @@ class Engine:
             logger.info(
                 "sliding-window layers (%d of %d, window %d): %d window slots (%.1f MiB); %d tokens fit, "
                 "%.1fx the %d of full attention in every layer in the same memory",
-                num_windowed, cfg.num_layers, self.window, num_window_slots, self.window_pool.nbytes / 2**20,
+                num_windowed, cfg.num_layers, self.window, num_window_slots, (kv_bytes - self.pool.nbytes) / 2**20,
                 num_slots, num_slots / max(1, every_layer), every_layer,
             )  # fmt: skip
+        logger.info(
+            "memory: weights %.1f MiB, KV pool %.1f MiB, dequantization buffer %.1f MiB",
+            *(self.memory[part] / 2**20 for part in ("weights", "kv_pool", "dequant_buffer")),
+        )
         if self.device.type == "cpu":
             kernels = self.kernels.variant.description if self.kernels is not None else "none (torch's kernels)"
             logger.info("C kernels (kernels=%s): %s", config.kernels, kernels)

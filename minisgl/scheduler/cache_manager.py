@@ -165,7 +165,8 @@ class CacheManager:
             if stop > start:
                 window.release(row[start:stop].cpu())
                 req.window_released_len = stop
-            # A decode pass reads its new tokens back from the pool; a prefill chunk reads them fresh.
+            # A decode pass reads its new tokens back from the pool (one, plus a draft: what
+            # ``slots_per_request`` reserves past the window); a prefill chunk reads them fresh.
             read_back = not req.is_prefilling and end - req.device_len <= self._window_per_request - reach
             keep_from = req.device_len if read_back else max(req.device_len, end - reach)
             needed.append(row[keep_from:end].cpu())
@@ -271,7 +272,7 @@ class CacheManager:
         window.check_integrity()
         holders = torch.zeros(len(window.slot_of), dtype=torch.bool)
         holders[torch.cat([_NO_SLOTS, owned, *self.cache.slots_by_age()])] = True
-        assert not bool((window.slot_of[~holders] != 0).any()), "a free KV slot still holds a window slot"
+        assert not bool(window.present(torch.arange(len(holders))[~holders]).any()), "a free KV slot holds a window slot"
         for req in running:
             first = max(0, req.device_len - window.window + 1)
             slots = self.table.page_table[req.row, first : req.device_len].cpu()
