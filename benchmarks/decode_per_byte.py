@@ -39,7 +39,12 @@ def count_single_call_steps(llm: LLM, prompt: list[int]) -> tuple[int, int]:
     calls = [0]
     if fused is not None:
         run = fused.run
-        fused.run = lambda *args: calls.__setitem__(0, calls[0] + 1) or run(*args)
+
+        def counted(*args: Any) -> Any:
+            calls[0] += 1
+            return run(*args)
+
+        fused.run = counted
     before = llm.scheduler.stats.decode_steps
     try:
         llm.generate([prompt], SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True), use_tqdm=False)

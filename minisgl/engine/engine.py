@@ -56,17 +56,19 @@ class Engine:
         num_windowed = sum(w is not None for w in cfg.layer_windows) if self.window is not None else 0
         full_bytes = KVPool.bytes_per_token(cfg.num_layers - num_windowed, budget_heads, cfg.head_dim, kv_dtype)
         window_bytes = KVPool.bytes_per_token(num_windowed, budget_heads, cfg.head_dim, kv_dtype)
-        min_window = slots_per_request(self.window, config.max_draft) if self.window is not None else 0
+        # The window slots one request holds at most: the window pool's least size, what admission reserves.
+        self.window_per_request = slots_per_request(self.window, config.max_draft) if self.window is not None else 0
+        ratio, least = config.window_kv_ratio, self.window_per_request
         if config.num_page_override:
             num_pages = config.num_page_override
         else:
             budget = int(config.kv_memory_gb * 2**30)
-            full_slots = full_slots_in_budget(budget, full_bytes, window_bytes, config.window_kv_ratio, min_window)
+            full_slots = full_slots_in_budget(budget, full_bytes, window_bytes, ratio, least)
             num_pages = full_slots // config.page_size
         if num_pages < 1:
             raise ValueError(f"KV memory budget of {config.kv_memory_gb} GiB holds no page")
         num_slots = num_pages * config.page_size
-        num_window_slots = window_pool_slots(num_slots, config.window_kv_ratio, min_window) if num_windowed else 0
+        num_window_slots = window_pool_slots(num_slots, ratio, least) if num_windowed else 0
         num_full = cfg.num_layers - num_windowed
         self.pool = KVPool(num_full, num_pages, config.page_size, heads.num_kv, cfg.head_dim, kv_dtype, self.device)
         # Slot 0 of the window pool is the scratch slot (``window.ABSENT``), never handed out.

@@ -158,8 +158,10 @@ class CacheManager:
         reach = window.window - 1  # keys a query sees before its own position
         needed: list[torch.Tensor] = []  # full slots that must have a window slot for this pass
         optional: list[torch.Tensor] = []  # chunk tokens no later pass reads: kept if there is room
+        new_slots: list[torch.Tensor] = []  # each request's new tokens' full slots
         for req, end in zip(reqs, lengths):
             row = table.page_table[req.row]
+            new_slots.append(row[req.device_len : end])
             start = max(req.window_released_len, req.cached_len)
             stop = req.device_len - reach
             if stop > start:
@@ -178,8 +180,7 @@ class CacheManager:
         window.assign(must)
         if window.free_size:
             window.assign(extra[: window.free_size])
-        for req, end in zip(reqs, lengths):
-            slots = table.page_table[req.row, req.device_len : end]
+        for req, end, slots in zip(reqs, lengths, new_slots):
             table.window_table[req.row, req.device_len : end] = window.slot_of[slots.cpu()].to(slots.device)
 
     def _make_window_room(self, n: int) -> None:

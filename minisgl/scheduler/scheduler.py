@@ -28,7 +28,7 @@ from minisgl.constrained.spec import GrammarSpec
 from minisgl.engine.engine import Engine
 from minisgl.engine.runner import LocalRunner, Runner
 from minisgl.kvcache.registry import create_prefix_cache
-from minisgl.kvcache.window import WindowSlots, slots_per_request
+from minisgl.kvcache.window import WindowSlots
 from minisgl.models.loader import resolve_model_path
 from minisgl.parallel.runner import TensorParallelRunner
 from minisgl.request import Req
@@ -74,7 +74,7 @@ class Scheduler:
         cache = create_prefix_cache(config.cache_type, engine.device, config.page_size, match_limit)
         self.cache_manager = CacheManager(
             cache, engine.pool.num_pages, config.page_size, engine.table,
-            window, slots_per_request(window.window, config.max_draft) if window is not None else 0,
+            window, engine.window_per_request,
         )  # fmt: skip
         self.planner = PrefillPlanner(self.cache_manager, config.schedule_policy, config.max_prefill_tokens)
         self.waiting: deque[Req] = deque()
