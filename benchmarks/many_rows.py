@@ -1,7 +1,8 @@
-"""Where the quantized weights' two product paths cross: the integer kernels (``quant_gemm.c``, fp32
-rows, the weight streamed once per 4 rows) against the weight expanded to bf16 and torch's bf16 GEMM
-(``QuantizedWeight.many_rows``), at several row counts, on the projections of the default model and of
-a 1.7B one (SmolLM2-1.7B's shapes). Dense packed bf16 and fp32 products are printed beside them.
+"""Where the quantized weights' product paths cross: the kernels (``QuantizedWeight.kernel``: int4's C
+kernel at every row count, ``int4_gemm.c``; int8's few-row C kernel, ``quant_gemm.c``; torch's with
+``--kernels torch``) against the weight expanded to bf16 and torch's bf16 GEMM (the base
+``QuantizedWeight.many_rows``), at several row counts, on the projections of the default model and
+of a 1.7B one (SmolLM2-1.7B's shapes). Dense packed bf16 and fp32 products are printed beside them.
 ``INT4_MAX_KERNEL_ROWS`` / ``INT8_MAX_KERNEL_ROWS`` (``minisgl/tuning.py``) are set from this.
 
 Run: python -m benchmarks.many_rows [--rows 1 8 16 32 64 512] [--threads N] [--kernels auto|torch|c:avx2 ...]
@@ -60,7 +61,7 @@ def main() -> None:
     print(f"# code path: C kernels {kernels.variant.description if kernels else 'no (torch fallback)'}; AMX "
           f"{'yes' if 'amx_bf16' in flags else 'no'}; AVX-512 BF16 {'yes' if 'avx512_bf16' in flags else 'no'}")
     print(f"# load average at start: {load_average()}")
-    print("| size | weight | format | rows | kernel ms | many-row ms | dense bf16 ms | dense fp32 ms | faster |")
+    print("| size | weight | format | rows | kernel ms | bf16 expansion ms | dense bf16 ms | dense fp32 ms | faster |")
     print("|---|---|---|---|---|---|---|---|---|")
     torch.manual_seed(0)
     with torch.inference_mode():
@@ -77,10 +78,10 @@ def main() -> None:
                         x = torch.randn(rows, k)
                         xb = x.bfloat16()
                         t_kernel = seconds(lambda: q.kernel(x))
-                        t_many = seconds(lambda: q.many_rows(x))
+                        t_many = seconds(lambda: QuantizedWeight.many_rows(q, x))
                         t_bf16 = seconds(lambda: bf16(xb))
                         t_fp32 = seconds(lambda: fp32(x))
-                        faster = "kernel" if t_kernel < t_many else "many-row"
+                        faster = "kernel" if t_kernel < t_many else "expansion"
                         print(f"| {size} | {name} | {fmt} | {rows} | {t_kernel * 1e3:.2f} | {t_many * 1e3:.2f} | "
                               f"{t_bf16 * 1e3:.2f} | {t_fp32 * 1e3:.2f} | {faster} |", flush=True)
     print(f"# load average at end: {load_average()}")

@@ -73,8 +73,7 @@ def test_int4_formats_keep_the_file_codes(kind: str) -> None:
     weight = int4_from_blocks(kind, blocks, IN)  # straight from the blocks, never through fp32
     # The codes are the file's, with fp16 scale and minimum (Q4_0/Q4_1 store fp16: exact; Q4_K's
     # products of two scales round): each weight is off by at most 2^-11 of 15 |scale| + |minimum|.
-    scale = weight.scale.float().repeat_interleave(INT4_GROUP, dim=1)
-    minimum = weight.minimum.float().repeat_interleave(INT4_GROUP, dim=1)
+    scale, minimum = (t.float().repeat_interleave(INT4_GROUP, dim=1) for t in weight.group_scales())
     bound = 2**-10 * (15 * scale.abs() + minimum.abs()) + 1e-7
     assert ((weight.dequantize() - dense).abs() <= bound).all()
     if kind != "Q4_K":
@@ -89,7 +88,7 @@ def test_q4_1_codes_match_the_nibbles_in_the_file() -> None:
     direct = int4_from_blocks("Q4_1", blocks.reshape(OUT, -1), IN)
     assert torch.equal(direct.unpacked_codes(), codes)
     # The same layout as the one built from the codes by the general path.
-    via_codes = Int4Weight.from_codes(codes, direct.scale, direct.minimum)
+    via_codes = Int4Weight.from_codes(codes, *direct.group_scales())
     assert torch.equal(direct.codes, via_codes.codes)
 
 
@@ -143,8 +142,8 @@ def test_int4_from_the_file_is_its_dequantized_weight() -> None:
         assert torch.equal(weight.dequantize(), dense), name
         assert torch.equal(weight.rows(3, 40).dequantize(), dense[3:40])
         assert torch.equal(weight.columns(64, 192).dequantize(), dense[:, 64:192])
-    with pytest.raises(ValueError, match="split a block"):
-        weight.columns(32, 128)
+    with pytest.raises(ValueError, match="split a group"):
+        weight.columns(16, 128)
     with pytest.raises(ValueError, match="Q8_0 .*not int4-exact"):
         tensors.int4("model.embed_tokens.weight")
     # A fused projection: the tensors' rows one after another, written in place.

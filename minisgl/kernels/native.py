@@ -1,10 +1,10 @@
 """The engine's C kernels (``cpu/*.c``), built for this machine on first use and called through cffi.
 
-- ``quant_gemm.c``: int4/int8 weight-only products, fp32 in and out. torch's CPU kernels for them
-  take bf16 activations (two casts a product, and 3e-3 relative error against these ~1e-4); at one
-  row its int4 product is about as fast as this one, its int8 one 2-3x slower (SmolLM2's LM head:
-  2.2 ms against 0.6-1.1 ms, 2-core AVX-512 machine).
-- ``dequantize.c``: int4/int8 weights expanded to bf16 a band of rows at a time, for the many-row
+- ``int4_gemm.c``: the int4 weight-only product at every row count, on the weight's tiles of 16
+  rows (``Int4Weight``), fp32 in and out: decode streams each tile once, prefill runs it as a GEMM.
+- ``quant_gemm.c``: the int8 weight-only product for few rows, fp32 in and out. torch's CPU kernel
+  for it takes bf16 activations (two casts a product) and is 2-3x slower at one row.
+- ``dequantize.c``: int8 weights expanded to bf16 a band of rows at a time, for their many-row
   products (prefill), which then run torch's bf16 GEMM.
 - ``paged_attention.c``: decode attention read in place from the KV pool, no gathered copy.
 - ``rms_norm.c``: RMSNorm (after a residual add) in one call instead of torch's seven ops.
@@ -202,16 +202,23 @@ def _check(name: str, t: object, dtypes: tuple[torch.dtype, ...], shape: tuple[i
 Int4Buffers = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # codes, scale, minimum (``int4``'s layout)
 
 
-def _check_int4(name: str, weight: Int4Buffers) -> tuple[int, int]:
-    """An int4 weight's (N, K), its three buffers checked against each other."""
+INT4_TILE = 16  # output rows per tile of an int4 weight (kernels.h's Int4)
+
+
+def _check_int4(name: str, weight: Int4Buffers, n: int) -> int:
+    """The K of an [n, K] int4 weight in tiles (kernels.h's Int4), its three buffers checked against
+    each other: codes [tiles, 8 K] uint8, scale and minimum [tiles, K / 2] fp16."""
     codes, scale, minimum = weight
-    _check(f"{name} codes", codes, (torch.uint8,), (None, None))
-    n, k = codes.shape[0], codes.shape[1] * 2
-    if k % 64 or k == 0:
-        raise ValueError(f"{name} codes must have a multiple of 32 bytes a row (64 int4 columns), got {k // 2}")
-    _check(f"{name} scale", scale, (torch.float16,), (n, k // 32))
-    _check(f"{name} minimum", minimum, (torch.float16,), (n, k // 32))
-    return n, k
+    tiles = -(-n // INT4_TILE)
+    _check(f"{name} codes", codes, (torch.uint8,), (tiles, None))
+    k = codes.shape[1] // 8
+    if codes.shape[1] % (8 * 32) or k == 0:
+        raise ValueError(
+            f"{name} codes must have a multiple of 256 bytes a tile (32 int4 columns), got {codes.shape[1]}"
+        )
+    _check(f"{name} scale", scale, (torch.float16,), (tiles, k // 2))
+    _check(f"{name} minimum", minimum, (torch.float16,), (tiles, k // 2))
+    return k
 
 
 Int8Buffers = tuple[torch.Tensor, torch.Tensor]  # codes, scale (``int8``'s)
@@ -228,9 +235,14 @@ def _check_int8(name: str, weight: Int8Buffers, multiple: int = 32) -> tuple[int
     return n, k
 
 
-def _check_projection(name: str, weight: Int4Buffers | Int8Buffers) -> tuple[int, int]:
-    """A projection of ``decode_layer.c``, int4 (three buffers) or int8 (two): its (N, K)."""
-    return _check_int4(name, weight) if len(weight) == 3 else _check_int8(name, weight)
+def _check_projection(name: str, weight: Int4Buffers | Int8Buffers, n: int) -> int:
+    """A projection of ``decode_layer.c`` with ``n`` output rows, int4 (three buffers) or int8 (two): its K."""
+    if len(weight) == 3:
+        return _check_int4(name, weight, n)
+    rows, k = _check_int8(name, weight)
+    if rows != n:
+        raise ValueError(f"{name} must have {n} rows, got {rows}")
+    return k
 
 
 @dataclass(frozen=True)
@@ -294,15 +306,15 @@ class CpuKernels:
         if code:
             raise ValueError(f"{what}: {problems.get(code, f'the kernel refused the shapes (code {code})')}")
 
-    def int4(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, reference: bool = False) -> Matmul:
-        """``codes``: [N, K / 2] uint8 in the C layout (``Int4Weight.from_codes``); ``scale``,
-        ``minimum``: [N, K / 32] fp16; w = code * scale + minimum. The product takes [rows, K] fp32
-        and gives [rows, N] fp32."""
-        n, k = _check_int4("int4 weight", (codes, scale, minimum))
+    def int4(
+        self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, n: int, reference: bool = False
+    ) -> Matmul:
+        """An [n, K] int4 weight's tiles (``Int4Weight``; kernels.h's Int4). The product takes
+        [rows, K] fp32 and gives [rows, n] fp32, x rounded to int8 per group of 32 columns."""
+        k = _check_int4("int4 weight", (codes, scale, minimum), n)
         weight = (self.pointer(codes), self.pointer(scale), self.pointer(minimum))
-        if reference:
-            return self._bind("int4_matmul_ref", n, k, weight, (codes, scale, minimum), threads=False)
-        return self._bind("int4_matmul", n, k, weight, (codes, scale, minimum), threads=True)
+        name = "int4_gemm_ref" if reference else "int4_gemm"
+        return self._bind(name, n, k, weight, (codes, scale, minimum), threads=not reference)
 
     def int8(self, codes: torch.Tensor, scale: torch.Tensor, reference: bool = False) -> Matmul:
         """``codes``: [N, K] int8 (K a multiple of 32); ``scale``: [N] fp32; w = code * scale row by row."""
@@ -327,20 +339,6 @@ class CpuKernels:
             return y
 
         return matmul
-
-    def int4_dequantize(
-        self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, start: int, out: torch.Tensor,
-        reference: bool = False,
-    ) -> None:  # fmt: skip
-        """Rows ``start .. start + len(out)`` of an int4 weight (``int4``'s buffers) into ``out``,
-        [rows, K] bf16."""
-        n, k = _check_int4("int4 weight", (codes, scale, minimum))
-        _check_band(n, k, start, out)
-        args = (*map(self.pointer, (codes, scale, minimum)), k, start, out.shape[0], self.pointer(out))
-        if reference:
-            self.lib.int4_dequantize_bf16_ref(*args)
-        else:
-            self.lib.int4_dequantize_bf16(*args, torch.get_num_threads())
 
     def int8_dequantize(
         self, codes: torch.Tensor, scale: torch.Tensor, start: int, out: torch.Tensor, reference: bool = False
@@ -440,6 +438,7 @@ class FusedDecoder:
     def __init__(self, kernels: CpuKernels, layers: list[LayerWeights]) -> None:
         if not layers:
             raise ValueError("a fused decoder needs at least one layer")
+        self.has_int8 = any(len(getattr(w, name)) == 2 for w in layers for name in ("qkv", "o", "gate_up", "down"))
         first = layers[0]
         self._shape = (first.hidden, first.heads, first.kv_heads, first.head_dim, first.intermediate)
         hidden, heads, kv_heads, head_dim, intermediate = self._shape
@@ -458,7 +457,7 @@ class FusedDecoder:
                 "down": (hidden, intermediate),
             }  # fmt: skip
             for name, want in shapes.items():
-                if _check_projection(f"layer {i} {name}", getattr(w, name)) != want:
+                if _check_projection(f"layer {i} {name}", getattr(w, name), want[0]) != want[1]:
                     raise ValueError(f"layer {i} {name} must be [{want[0]}, {want[1]}]")
             c = self._layers[i]
             if w.qkv_bias is not None:
@@ -529,13 +528,17 @@ class FusedDecoder:
 
 def cpu_paths(kernels: CpuKernels | None) -> dict[str, str]:
     """Which code runs the quantized products with ``kernels`` on this host, in words (the start-up
-    log, the test suite's header): the few-row kernels, and the instructions oneDNN's bf16 GEMM can
-    use for the many-row ones (it asks the kernel for AMX tiles itself, ``arch_prctl(ARCH_REQ_XCOMP_PERM)``)."""
-    few = f"minisgl C kernels ({kernels.variant.description})" if kernels is not None else "torch's int4/int8 kernels"
+    log, the test suite's header): int4's, int8's for few rows, and the instructions oneDNN's bf16
+    GEMM can use for the products that expand their weight (it asks the kernel for AMX tiles itself,
+    ``arch_prctl(ARCH_REQ_XCOMP_PERM)``)."""
     if torch.cpu._is_amx_tile_supported():
         gemm = "AMX-BF16"
     elif torch.cpu._is_avx512_bf16_supported():
         gemm = "AVX-512 BF16"
     else:
         gemm = torch.backends.cpu.get_cpu_capability()
-    return {"few rows": few, "many rows": f"bf16 expansion + oneDNN bf16 GEMM ({gemm})"}
+    expanded = f"bf16 expansion + oneDNN bf16 GEMM ({gemm})"
+    if kernels is None:
+        return {"few rows": "torch's int4/int8 kernels", "many rows": expanded}
+    c = f"minisgl C kernels ({kernels.variant.description})"
+    return {"int4": f"{c}, every row count", "int8 few rows": c, "int8 many rows": expanded}

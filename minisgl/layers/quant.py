@@ -15,10 +15,11 @@ crossovers, measured by ``benchmarks/many_rows.py``):
   dot products with AVX-512 VNNI, AVX-VNNI or AVX2, as llama.cpp does). Without it, torch's own CPU
   kernels run instead (``aten._weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm``: bf16
   activations and two casts a product), their packed copies made on first use.
-- many rows (prefill, large decode batches): the weight is expanded to bf16 a band of output rows at
-  a time into one ``DequantBuffer`` shared by every layer (``dequantize.c``, or torch without the C
-  kernels), and torch's bf16 GEMM runs on it (oneDNN, which uses AMX where the CPU has it): there
-  the arithmetic sets the time, and bf16 GEMM is several times fp32's.
+- many rows (prefill, large decode batches), where the arithmetic sets the time: int4 runs the C
+  kernels' GEMM on its codes (``int4_gemm.c``: x rounded to int8 per group of 32, integer dot
+  products). int8, and int4 without the C kernels, expand the weight to bf16 a band of output rows
+  at a time into one ``DequantBuffer`` shared by every layer (``dequantize.c``, or torch), and
+  torch's bf16 GEMM runs on it (oneDNN, which uses AMX where the CPU has it).
 
 Off the CPU the loader keeps dense dequantized weights instead (``dequantize``).
 """
@@ -32,27 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minisgl.kernels.native import CpuKernels, Int4Buffers, Matmul
+from minisgl.kernels.native import INT4_TILE, CpuKernels, Matmul
 from minisgl.tuning import INT4_MAX_KERNEL_ROWS, INT8_MAX_KERNEL_ROWS
 
 QuantMode = Literal["int4", "int8"]
 INT4_GROUP = 32  # GGUF's block size for Q4_0/Q4_1 and Q4_K's sub-blocks
-INT4_BLOCK = 2 * INT4_GROUP  # the C kernel's unit: two groups' codes in 32 bytes
 _QUANTIZE_BAND = 4096  # rows of a weight rounded to int8 at once (bounds the fp32 temporaries)
 _INT4_INNER_K_TILES = 2  # torch's int4 packing's tile parameter (2, 4 or 8; 2 divides every K that is a multiple of 32)
-
-
-def _int4_columns() -> torch.Tensor:
-    """Column of each of a 64-column block's 64 nibbles in the C kernel's layout: the 32 low nibbles
-    then the 32 high ones, four columns of one group per 32-bit lane, groups alternating by lane
-    (``quant_gemm.c``)."""
-    j = torch.arange(INT4_BLOCK)
-    lane, b = j // 4, j % 4
-    return (lane % 2) * INT4_GROUP + (lane // 2) * 4 + b
-
-
-INT4_COLUMNS = _int4_columns()
-INT4_NIBBLES = torch.argsort(INT4_COLUMNS)  # inverse: the nibble of each column
 
 
 class DequantBuffer:
@@ -131,35 +118,89 @@ class QuantizedWeight(nn.Module):
 
 
 class Int4Weight(QuantizedWeight):
-    # The integer kernel streams the weight once per 4 rows, so its time grows with every row; past
-    # this many the bf16 expansion and GEMM win.
+    # torch's int4 kernel (no C kernels) streams the weight once per row block; past this many rows the
+    # bf16 expansion and GEMM win. The C kernel takes every row count itself.
     max_kernel_rows = INT4_MAX_KERNEL_ROWS
 
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> None:
-        """``codes``: [out, in / 2] uint8 in the C kernel's layout (``from_codes`` builds it);
-        ``scale``, ``minimum``: [out, in / 32] fp16. What ``state_dict`` holds."""
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, out_features: int) -> None:
+        """An [out_features, in] weight in the C kernel's tiles of ``INT4_TILE`` output rows (kernels.h's
+        Int4; ``from_codes`` builds them): ``codes`` [tiles, 8 in] uint8, ``scale`` and ``minimum``
+        [tiles, in / 2] fp16, the last tile's rows past ``out_features`` zero. What ``state_dict`` holds."""
         super().__init__()
-        self.out_features, self.in_features = codes.shape[0], codes.shape[1] * 2
+        self.out_features, self.in_features = out_features, codes.shape[1] // 8
         self.register_buffer("codes", codes)
         self.register_buffer("scale", scale)
         self.register_buffer("minimum", minimum)
+
+    @property
+    def groups(self) -> int:
+        return self.in_features // INT4_GROUP
+
+    @classmethod
+    def empty(cls, out_features: int, in_features: int) -> Int4Weight:
+        """An [out, in] weight of zeros, to be filled (``write_rows``)."""
+        tiles = -(-out_features // INT4_TILE)
+        codes = torch.zeros(tiles, in_features * 8, dtype=torch.uint8)
+        scale, minimum = (torch.zeros(tiles, in_features // 2, dtype=torch.float16) for _ in range(2))
+        return cls(codes, scale, minimum, out_features)
 
     @classmethod
     def from_codes(cls, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> Int4Weight:
         """``codes``: [out, in] integers in 0..15; ``scale``, ``minimum``: [out, in / 32], so that
         w = codes * scale + minimum, group by group (fp16 scales: exact for GGUF's own)."""
         out_features, in_features = codes.shape
-        if in_features % INT4_BLOCK or scale.shape != (out_features, in_features // INT4_GROUP):
+        if in_features % INT4_GROUP or scale.shape != (out_features, in_features // INT4_GROUP):
             raise ValueError(
-                f"int4 needs a multiple of {INT4_BLOCK} input columns and a scale per {INT4_GROUP}: "
+                f"int4 needs a multiple of {INT4_GROUP} input columns and a scale per {INT4_GROUP}: "
                 f"weight {tuple(codes.shape)}, scales {tuple(scale.shape)}"
             )
         scale16, minimum16 = scale.to(torch.float16), minimum.to(torch.float16)
         if not (scale16.isfinite().all() and minimum16.isfinite().all()):
             raise ValueError("int4 scales or minimums out of fp16's range")
-        blocks = codes.to(torch.uint8).view(out_features, -1, INT4_BLOCK)[:, :, INT4_COLUMNS]
-        packed = blocks[..., : INT4_BLOCK // 2] | (blocks[..., INT4_BLOCK // 2 :] << 4)
-        return cls(packed.reshape(out_features, -1).contiguous(), scale16.contiguous(), minimum16.contiguous())
+        # Per group, byte j: column j in its low nibble, j + 16 in its high one (GGUF's Q4_0 bytes).
+        halves = codes.to(torch.uint8).view(out_features, -1, 2, INT4_GROUP // 2)
+        words = (halves[:, :, 0] | (halves[:, :, 1] << 4)).contiguous().view(torch.int32)
+        weight = cls.empty(out_features, in_features)
+        weight.write_rows(0, words, scale16, minimum16)
+        return weight
+
+    def write_rows(self, start: int, words: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> None:
+        """Rows ``start .. start + len(words)`` written into the tiles: ``words`` [rows, in / 32, 4]
+        int32, each row's 16 code bytes per group (GGUF's Q4_0 / Q4_1 layout); ``scale``, ``minimum``
+        [rows, in / 32] fp16."""
+        end = start + len(words)
+        if not 0 <= start <= end <= self.out_features:
+            raise ValueError(f"rows {start}..{end} outside the weight's {self.out_features}")
+        codes, scales, minimums = self._tile_views()
+        first, last = min(-(-start // INT4_TILE) * INT4_TILE, end), max(end // INT4_TILE * INT4_TILE, start)
+        if first < last:  # whole tiles: one strided copy each
+            t0, t1, a, b = first // INT4_TILE, last // INT4_TILE, first - start, last - start
+            codes[t0:t1] = words[a:b].reshape(t1 - t0, INT4_TILE, -1, 4).permute(0, 2, 3, 1)
+            scales[t0:t1] = scale[a:b].reshape(t1 - t0, INT4_TILE, -1).transpose(1, 2)
+            minimums[t0:t1] = minimum[a:b].reshape(t1 - t0, INT4_TILE, -1).transpose(1, 2)
+        for row in [*range(start, first), *range(max(first, last), end)]:  # parts of tiles shared with other rows
+            tile, lane = divmod(row, INT4_TILE)
+            codes[tile, :, :, lane] = words[row - start]
+            scales[tile, :, lane], minimums[tile, :, lane] = scale[row - start], minimum[row - start]
+
+    def _tile_views(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Code words [tiles, groups, 4, TILE] int32, scales and minimums [tiles, groups, TILE]."""
+        tiles = len(self.codes)
+        return (
+            self.codes.view(torch.int32).view(tiles, self.groups, 4, INT4_TILE),
+            self.scale.view(tiles, self.groups, INT4_TILE),
+            self.minimum.view(tiles, self.groups, INT4_TILE),
+        )
+
+    def _row_index(self, rows: torch.Tensor | slice) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.arange(self.out_features)[rows] if isinstance(rows, slice) else rows
+        return ids // INT4_TILE, ids % INT4_TILE
+
+    def group_scales(self, rows: torch.Tensor | slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+        """[len(rows), in / 32] fp16 scales and minimums, row by row (every row by default)."""
+        _, scales, minimums = self._tile_views()
+        tile, lane = self._row_index(rows)
+        return scales[tile, :, lane], minimums[tile, :, lane]
 
     @classmethod
     def from_groups(cls, w: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> Int4Weight:
@@ -175,44 +216,50 @@ class Int4Weight(QuantizedWeight):
         """Round-to-nearest per group of 32: the group's minimum and (max - min) / 15 as scale."""
         return cls.from_groups(w, *rtn_groups(w))
 
-    @classmethod
-    def empty(cls, out_features: int, in_features: int) -> Int4Weight:
-        """An [out, in] weight to be filled (``rows_view``)."""
-        groups = in_features // INT4_GROUP
-        return cls(
-            torch.empty(out_features, in_features // 2, dtype=torch.uint8),
-            torch.empty(out_features, groups, dtype=torch.float16),
-            torch.empty(out_features, groups, dtype=torch.float16),
-        )
-
-    def rows_view(self, start: int, end: int) -> Int4Buffers:
-        """(codes, scale, minimum) of output rows ``start .. end``, views to write them through."""
-        return self.codes[start:end], self.scale[start:end], self.minimum[start:end]
-
     def rows(self, start: int, end: int) -> Int4Weight:
         """Output rows ``start .. end``, copied (a view would keep the whole weight alive)."""
-        return Int4Weight(self.codes[start:end].clone(), self.scale[start:end].clone(), self.minimum[start:end].clone())
+        if start % INT4_TILE == 0 and (end % INT4_TILE == 0 or end == self.out_features):  # whole tiles
+            t0, t1 = start // INT4_TILE, -(-end // INT4_TILE)
+            parts = (self.codes[t0:t1].clone(), self.scale[t0:t1].clone(), self.minimum[t0:t1].clone())
+            return Int4Weight(*parts, end - start)
+        ids = torch.arange(start, end)
+        return Int4Weight.from_codes(self.unpacked_codes(ids), *self.group_scales(ids))
 
     def columns(self, start: int, end: int) -> Int4Weight:
-        """Input columns ``start .. end``: whole 64-column blocks of the kernel's layout."""
-        if start % INT4_BLOCK or end % INT4_BLOCK:
-            raise ValueError(f"columns {start}:{end} split a block of {INT4_BLOCK} int4 weights")
+        """Input columns ``start .. end``: whole groups of 32."""
+        if start % INT4_GROUP or end % INT4_GROUP:
+            raise ValueError(f"columns {start}:{end} split a group of {INT4_GROUP} int4 weights")
         g0, g1 = start // INT4_GROUP, end // INT4_GROUP
-        return Int4Weight(self.codes[:, start // 2 : end // 2].contiguous(), self.scale[:, g0:g1].contiguous(), self.minimum[:, g0:g1].contiguous())
+        codes, scales, minimums = self._tile_views()
+        tiles = len(self.codes)
+        return Int4Weight(
+            codes[:, g0:g1].contiguous().view(torch.uint8).view(tiles, -1),
+            scales[:, g0:g1].reshape(tiles, -1).contiguous(),
+            minimums[:, g0:g1].reshape(tiles, -1).contiguous(),
+            self.out_features,
+        )
 
     @staticmethod
     def cat(parts: list[Int4Weight]) -> Int4Weight:
         """The parts' rows one after another (a fused projection)."""
         if len(parts) == 1:
             return parts[0]
-        return Int4Weight(*(torch.cat([getattr(p, name) for p in parts]) for name in ("codes", "scale", "minimum")))
+        if all(p.out_features % INT4_TILE == 0 for p in parts[:-1]):  # tiles one after another
+            buffers = (torch.cat([getattr(p, name) for p in parts]) for name in ("codes", "scale", "minimum"))
+            return Int4Weight(*buffers, sum(p.out_features for p in parts))
+        scales = [p.group_scales() for p in parts]
+        return Int4Weight.from_codes(
+            torch.cat([p.unpacked_codes() for p in parts]),
+            torch.cat([s for s, _ in scales]),
+            torch.cat([m for _, m in scales]),
+        )
 
     def unpacked_codes(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
         """[len(rows), in] codes 0..15 in column order (every row by default)."""
-        packed = self.codes[rows]
-        blocks = packed.view(packed.shape[0], -1, INT4_BLOCK // 2)
-        nibbles = torch.cat([blocks & 0xF, blocks >> 4], dim=-1)  # per block: low nibbles, then high
-        return nibbles[:, :, INT4_NIBBLES].reshape(packed.shape[0], self.in_features)
+        codes, _, _ = self._tile_views()
+        tile, lane = self._row_index(rows)
+        groups = codes[tile, :, :, lane].contiguous().view(torch.uint8)  # [rows, groups, 16]: GGUF's bytes
+        return torch.cat([groups & 0xF, groups >> 4], dim=-1).reshape(len(tile), self.in_features)
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         if self._c_matmul is not None:
@@ -220,10 +267,17 @@ class Int4Weight(QuantizedWeight):
         packed, scales_and_zeros = self._torch_packing
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), packed, INT4_GROUP, scales_and_zeros)
 
+    def many_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """[rows, in] → [rows, out]: fp32 from the C kernel, which takes every row count on the tiles
+        themselves; bf16 from the expanded weight without it (``QuantizedWeight.many_rows``)."""
+        if self._c_matmul is not None:
+            return self._c_matmul(rows.float().contiguous())
+        return super().many_rows(rows)
+
     @cached_property
     def _c_matmul(self) -> Matmul | None:
         kernels = self.kernels
-        return None if kernels is None else kernels.int4(self.codes, self.scale, self.minimum)
+        return None if kernels is None else kernels.int4(self.codes, self.scale, self.minimum, self.out_features)
 
     @cached_property
     def _torch_packing(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,22 +285,21 @@ class Int4Weight(QuantizedWeight):
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             self.unpacked_codes().to(torch.int32).contiguous(), _INT4_INNER_K_TILES
         )
-        scale, minimum = self.scale.float(), self.minimum.float()
+        scale, minimum = (t.float() for t in self.group_scales())
         pairs = torch.stack([scale, minimum + 8 * scale], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
         return packed, pairs
 
     def lookup(self, ids: torch.Tensor | slice) -> torch.Tensor:
         codes = self.unpacked_codes(ids)
-        groups = codes.view(codes.shape[0], -1, INT4_GROUP).float()
-        w = groups * self.scale[ids].float().unsqueeze(-1) + self.minimum[ids].float().unsqueeze(-1)
+        scale, minimum = (t.float().unsqueeze(-1) for t in self.group_scales(ids))
+        w = codes.view(codes.shape[0], -1, INT4_GROUP).float() * scale + minimum
         return w.view(codes.shape[0], self.in_features)
 
     def expand(self, start: int, out: torch.Tensor) -> None:
-        kernels = self.kernels
-        if kernels is not None:
-            kernels.int4_dequantize(self.codes, self.scale, self.minimum, start, out)
-        else:
-            out.copy_(self.lookup(slice(start, start + len(out))))
+        out.copy_(self.lookup(slice(start, start + len(out))))
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, tiles of {INT4_TILE} rows"
 
 
 def _groups(w: torch.Tensor) -> torch.Tensor:
@@ -309,9 +362,6 @@ class Int8Weight(QuantizedWeight):
             kernels.int8_dequantize(self.codes, self.scale, start, out)
         else:
             out.copy_(self.lookup(slice(start, start + len(out))))
-
-
-WEIGHT_CLASSES: dict[str, type[QuantizedWeight]] = {"Int4Weight": Int4Weight, "Int8Weight": Int8Weight}
 
 
 def quantize_weight(w: torch.Tensor, mode: QuantMode) -> QuantizedWeight:

@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from minisgl.kernels.native import Int4Buffers
-from minisgl.layers.quant import INT4_BLOCK, INT4_GROUP, Int4Weight
+from minisgl.layers.quant import INT4_GROUP, Int4Weight
 from minisgl.models.gguf_arch import GGUFArch, gguf_arch, hf_tensors
 
 if TYPE_CHECKING:
@@ -222,7 +221,7 @@ class GGUFTensors:
         weight = Int4Weight.empty(sum(len(blocks) for blocks, _, _ in parts), k)
         row = 0
         for name, (blocks, kind, _) in zip(names, parts):
-            int4_into(weight.rows_view(row, row + len(blocks)), kind.name, blocks, k, f"{self.name}: {name}")
+            int4_into(weight, row, kind.name, blocks, k, f"{self.name}: {name}")
             self._release(blocks)
             row += len(blocks)
         return weight
@@ -253,51 +252,42 @@ def _read_only_tensor(array: np.ndarray) -> torch.Tensor:
 def int4_from_blocks(kind: str, blocks: np.ndarray, columns: int, what: str = "a tensor") -> Int4Weight:
     """A [rows, columns] tensor stored as ``kind`` blocks (``blocks``: [rows, bytes]) as an ``Int4Weight``."""
     weight = Int4Weight.empty(len(blocks), columns)
-    int4_into(weight.rows_view(0, len(blocks)), kind, blocks, columns, what)
+    int4_into(weight, 0, kind, blocks, columns, what)
     return weight
 
 
-def int4_into(out: Int4Buffers, kind: str, blocks: np.ndarray, columns: int, what: str = "a tensor") -> None:
-    """Write ``kind`` blocks ([rows, bytes]) into ``out``, an ``Int4Weight``'s (codes, scale, minimum) rows."""
-    if kind not in INT4_EXACT or columns % INT4_BLOCK or blocks.ndim != 2:
+def int4_into(out: Int4Weight, row: int, kind: str, blocks: np.ndarray, columns: int, what: str = "a tensor") -> None:
+    """Write ``kind`` blocks ([rows, bytes]) into ``out``'s rows from ``row`` on."""
+    if kind not in INT4_EXACT or columns % INT4_GROUP or blocks.ndim != 2:
         raise ValueError(f"{what} is {kind} with {columns} columns, not int4-exact ({', '.join(INT4_EXACT)})")
-    _INT4_READERS[kind](blocks, columns, *(t.numpy() for t in out))
+    words, scale, minimum = _INT4_READERS[kind](blocks, columns)
+    out.write_rows(row, _read_only_tensor(words.view(np.int32)), torch.from_numpy(scale), torch.from_numpy(minimum))
 
 
 def _f16(blocks: np.ndarray, offset: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[..., offset : offset + 2]).view(np.float16)[..., 0]
 
 
-def _pair_interleaved(words: np.ndarray, out: np.ndarray) -> None:
-    """Q4_0 / Q4_1 codes ([rows, blocks, 4] 32-bit words of each block's 16 bytes: element j low,
-    j + 16 high) written into ``out`` ([rows, columns / 2] uint8) in the kernel's layout.
-
-    The kernel's byte i of a 64-column block pairs column c low with c + 16 high within one group
-    of 32, as GGUF's blocks do, its 4-byte chunks alternating between the block's two groups
-    (``quant_gemm.c``): so the layout is the two blocks' words interleaved, one copy."""
-    rows, count, _ = words.shape
-    pairs = torch.from_numpy(words.view(np.int32)).reshape(rows, count // 2, 2, 4).transpose(2, 3)
-    # torch's strided copy runs on its threads, numpy's on one.
-    torch.from_numpy(out.view(np.int32)).view(rows, count // 2, 4, 2).copy_(pairs)
+# Each reader gives a tensor's code words [rows, groups, 4] (each group's 16 code bytes: column j in
+# the low nibble of byte j, j + 16 in its high one) and its fp16 scales and minimums [rows, groups].
+Int4Parts = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def _q4_0(blocks: np.ndarray, columns: int, codes: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> None:
+def _q4_0(blocks: np.ndarray, columns: int) -> Int4Parts:
     b = blocks.reshape(blocks.shape[0], columns // INT4_GROUP, 18)  # fp16 d, 16 bytes: w = d * (q - 8)
     d = _f16(b, 0)
-    _pair_interleaved(np.ascontiguousarray(b[..., 2:]).view(np.uint32), codes)
-    scale[:] = d
-    minimum[:] = -8 * d.astype(np.float32)  # exact: a power of two times an fp16
+    words = np.ascontiguousarray(b[..., 2:]).view(np.uint32)
+    return words, d, (-8 * d.astype(np.float32)).astype(np.float16)  # exact: a power of two times an fp16
 
 
-def _q4_1(blocks: np.ndarray, columns: int, codes: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> None:
+def _q4_1(blocks: np.ndarray, columns: int) -> Int4Parts:
     b = blocks.reshape(blocks.shape[0], columns // INT4_GROUP, 20)  # fp16 d, fp16 m, 16 bytes: w = d * q + m
-    # 20-byte blocks: 5 words each, the codes words 1-4, read in place (no copy before the interleave).
+    # 20-byte blocks: 5 words each, the codes words 1-4, read in place (no copy before the tiling).
     words = np.ascontiguousarray(blocks).view(np.uint32).reshape(blocks.shape[0], -1, 5)[..., 1:]
-    _pair_interleaved(words, codes)
-    scale[:], minimum[:] = _f16(b, 0), _f16(b, 2)
+    return words, _f16(b, 0), _f16(b, 2)
 
 
-def _q4_k(blocks: np.ndarray, columns: int, codes: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> None:
+def _q4_k(blocks: np.ndarray, columns: int) -> Int4Parts:
     from gguf.quants import Q4_K
 
     # 256 weights: fp16 d and dmin, 12 bytes of 6-bit scales and mins for 8 groups of 32, 128 bytes
@@ -307,13 +297,11 @@ def _q4_k(blocks: np.ndarray, columns: int, codes: np.ndarray, scale: np.ndarray
     sc, m = Q4_K.get_scale_min(b[:, 4:16])
     d, dmin = _f16(b, 0).astype(np.float32)[:, None], _f16(b, 2).astype(np.float32)[:, None]
     qs = b[:, 16:].reshape(-1, 4, 1, 32)
-    unpacked = np.concatenate([qs & 0xF, qs >> 4], axis=2).reshape(rows, columns)
-    weight = Int4Weight.from_codes(
-        torch.from_numpy(unpacked),
-        torch.from_numpy((d * sc.astype(np.float32)).reshape(rows, -1)),
-        torch.from_numpy((-dmin * m.astype(np.float32)).reshape(rows, -1)),
-    )
-    codes[:], scale[:], minimum[:] = weight.codes.numpy(), weight.scale.numpy(), weight.minimum.numpy()
+    codes = np.concatenate([qs & 0xF, qs >> 4], axis=2).reshape(rows, columns // INT4_GROUP, 2, 16)
+    words = np.ascontiguousarray(codes[:, :, 0] | (codes[:, :, 1] << 4)).view(np.uint32)
+    scale = (d * sc.astype(np.float32)).reshape(rows, -1).astype(np.float16)
+    minimum = (-dmin * m.astype(np.float32)).reshape(rows, -1).astype(np.float16)
+    return words, scale, minimum
 
 
 _INT4_READERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}

@@ -212,7 +212,7 @@ def load_model(
     logger.info("loaded %s (%d layers) from %s%s", cfg.architecture, cfg.num_layers, checkpoint.source, shard)
     logger.info("quantization %s: %s", quantization, summary)
     model = model.to(device=device, dtype=dtype).eval()
-    apply_quantization(specs, plan, dtype, device)
+    apply_quantization(specs, plan, dtype, device, c_kernels=kernels is not None)
     pack_weights(model)
     model.use_kernels(kernels if device.type == "cpu" else None)
     return model

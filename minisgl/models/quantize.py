@@ -27,7 +27,7 @@ import torch
 from minisgl.layers.embedding import VocabEmbedding
 from minisgl.layers.linear import Linear, Partition
 from minisgl.layers.quant import (
-    INT4_BLOCK,
+    INT4_GROUP,
     DequantBuffer,
     Int4Weight,
     Int8Weight,
@@ -101,9 +101,9 @@ def plan_quantization(
 
 def _choose_rtn(spec: WeightSpec, read_dense: DenseReader, mode: str) -> Choice:
     in_features = spec.module.shape[1]
-    if mode == "int4" and in_features % INT4_BLOCK:
+    if mode == "int4" and in_features % INT4_GROUP:
         raise ValueError(
-            f"quantization='int4' needs a multiple of {INT4_BLOCK} input features; a layer has {in_features}"
+            f"quantization='int4' needs a multiple of {INT4_GROUP} input features; a layer has {in_features}"
         )
     return Choice(quantize_weight(read_dense(spec), "int4" if mode == "int4" else "int8"), f"{mode} (round-to-nearest)")
 
@@ -115,7 +115,7 @@ def _choose_auto(spec: WeightSpec, read_dense: DenseReader, gguf: GGUFTensors) -
     kinds = sorted({gguf.type_name(s) for s in spec.sources})
     label = "/".join(kinds)
     what = "embedding " if spec.is_embedding else ""
-    if all(k in INT4_EXACT for k in kinds) and spec.module.shape[1] % INT4_BLOCK == 0:
+    if all(k in INT4_EXACT for k in kinds) and spec.module.shape[1] % INT4_GROUP == 0:
         return Choice(_shard(gguf, spec.sources, spec.module.partition), f"{what}int4 ({label}, exact codes)")
     if all(k in INT8_NEAREST or k in INT4_EXACT for k in kinds):
         return Choice(Int8Weight.quantize(read_dense(spec)), f"{what}int8 per row ({label} requantized)")
@@ -139,12 +139,15 @@ def release_dense(specs: list[WeightSpec], plan: dict[str, QuantizedWeight]) -> 
 
 
 def apply_quantization(
-    specs: list[WeightSpec], plan: dict[str, QuantizedWeight], dtype: torch.dtype, device: torch.device
-) -> None:
+    specs: list[WeightSpec], plan: dict[str, QuantizedWeight], dtype: torch.dtype, device: torch.device,
+    c_kernels: bool,
+) -> None:  # fmt: skip
     """Install the planned weights: on the CPU the quantized kernels run; elsewhere (no kernel is
     wired for CUDA yet) the module gets a dense copy of the same quantized values. On the CPU the
-    weights share one ``DequantBuffer`` for their many-row products."""
-    buffer = _shared_buffer(plan) if device.type == "cpu" and plan else None
+    weights whose many-row products expand them (int8's; int4's without the C kernels, ``c_kernels``)
+    share one ``DequantBuffer``."""
+    expanding = {name: w for name, w in plan.items() if isinstance(w, Int8Weight) or not c_kernels}
+    buffer = _shared_buffer(expanding) if device.type == "cpu" and expanding else None
     for spec in specs:
         weight = plan.get(spec.name)
         if weight is None:

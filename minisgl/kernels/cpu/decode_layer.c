@@ -14,9 +14,9 @@
 #include "kernels.h"
 
 // y [rows, N] = x [rows, K] W^T through the weight's own kernel.
-static int project(const Projection *w, const float *x, int64_t rows, int64_t K, int64_t N, float *y, int threads) {
-    if (w->bits == 4) return int4_matmul(x, rows, K, w->int4.codes, w->int4.scale, w->int4.minimum, N, y, threads);
-    if (w->bits == 8) return int8_matmul(x, rows, K, w->int8.codes, w->int8.scale, N, y, threads);
+static int project(const Projection *w, const Step *s, const float *x, int64_t K, int64_t N, float *y) {
+    if (w->bits == 4) return int4_gemm(x, s->batch, K, w->int4.codes, w->int4.scale, w->int4.minimum, N, y, s->threads);
+    if (w->bits == 8) return int8_matmul(x, s->batch, K, w->int8.codes, w->int8.scale, N, y, s->threads);
     return KERNELS_BAD_SHAPE;
 }
 
@@ -45,7 +45,7 @@ static int decode_layer(const Layer *l, const Step *s, const float *delta, int f
     } else {
         rms_norm(residual, delta, residual, l->input_norm, b, l->hidden, l->eps, h, s->threads);
     }
-    int failed = project(&l->qkv, h, b, l->hidden, qkv_width, qkv, s->threads);
+    int failed = project(&l->qkv, s, h, l->hidden, qkv_width, qkv);
     if (failed) return failed;
     if (l->qkv_bias != NULL)
         for (int64_t r = 0; r < b; r++)
@@ -66,10 +66,10 @@ static int decode_layer(const Layer *l, const Step *s, const float *delta, int f
                                     s->kv_stride, s->kv_lens, b, l->heads, l->kv_heads, d, 1.0f / sqrtf((float)d),
                                     attn, s->threads);
     if (failed) return failed;
-    failed = project(&l->o, attn, b, q_width, l->hidden, o, s->threads);
+    failed = project(&l->o, s, attn, q_width, l->hidden, o);
     if (failed) return failed;
     rms_norm(residual, o, residual, l->post_norm, b, l->hidden, l->eps, h, s->threads);
-    failed = project(&l->gate_up, h, b, l->hidden, 2 * l->intermediate, gate_up, s->threads);
+    failed = project(&l->gate_up, s, h, l->hidden, 2 * l->intermediate, gate_up);
     if (failed) return failed;
     const int64_t n = l->intermediate;
     for (int64_t r = 0; r < b; r++)
@@ -77,7 +77,7 @@ static int decode_layer(const Layer *l, const Step *s, const float *delta, int f
             const float g = gate_up[r * 2 * n + i];
             act[r * n + i] = g / (1.0f + expf(-g)) * gate_up[r * 2 * n + n + i];
         }
-    return project(&l->down, act, b, n, l->hidden, out, s->threads);
+    return project(&l->down, s, act, n, l->hidden, out);
 }
 
 // All `count` layers in turn: x [batch, hidden] is the embedded input; out receives the last

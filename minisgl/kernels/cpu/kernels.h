@@ -17,7 +17,10 @@ enum {
     KERNELS_BAD_KV_SLOT = 5,   // an attended kv_slots entry outside the pool
 };
 
-// One int4 weight: codes [N, K / 2] in quant_gemm.c's layout, fp16 scale and minimum [N, K / 32].
+// One int4 weight [N, K], in tiles of 16 output rows (the last one padded with zero rows): codes
+// [tiles, K / 32, 4, 16, 4] uint8 (per tile and group of 32 columns, 4 vectors of each row's 4 bytes;
+// byte b of vector i holds column 4i + b in its low nibble and 16 + 4i + b in its high one), fp16 scale
+// and minimum [tiles, K / 32, 16]; w = code * scale + minimum (int4_gemm.c).
 typedef struct {
     const uint8_t *codes;
     const uint16_t *scale, *minimum;
@@ -64,19 +67,18 @@ typedef struct {
 // "scalar" (the references only).
 const char *kernels_variant(void);
 
-int int4_matmul(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
-                const uint16_t *minimum, int64_t N, float *y, int threads);
-int int4_matmul_ref(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
-                    const uint16_t *minimum, int64_t N, float *y);
 int int8_matmul(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
                 float *y, int threads);
 int int8_matmul_ref(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
                     float *y);
 
-void int4_dequantize_bf16(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K,
-                          int64_t row0, int64_t rows, uint16_t *out, int threads);
-void int4_dequantize_bf16_ref(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K,
-                              int64_t row0, int64_t rows, uint16_t *out);
+// The int4 product at every row count (int4_gemm.c): x [rows, K] fp32 rounded to int8 per group of 32
+// columns, y [rows, N] fp32.
+int int4_gemm(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+              const uint16_t *minimum, int64_t N, float *y, int threads);
+int int4_gemm_ref(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+                  const uint16_t *minimum, int64_t N, float *y);
+
 void int8_dequantize_bf16(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows,
                           uint16_t *out, int threads);
 void int8_dequantize_bf16_ref(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows,

@@ -1,0 +1,299 @@
+// The int4 product at every row count: y[r, o] = sum_k x[r, k] * w[o, k], on the quantized weight
+// itself, with integer dot products as llama.cpp does.
+//
+// The weight is stored in tiles of 16 output rows (kernels.h's Int4), so that a register holds one
+// 4-column piece of every row of a tile (16 lanes with AVX-512, 8 with 256-bit registers: a tile's two
+// halves) and a thread reads its tiles as one sequential stream. Per tile and group of 32 columns:
+// 4 vectors of 16 rows x 4 bytes, byte b of vector i holding column 4i + b in its low nibble and
+// 16 + 4i + b in its high one (each row's 16 bytes are GGUF's Q4_0 / Q4_1 codes of that group); then
+// the scales of the tile's rows per group, and their minimums: w = code * scale + minimum.
+//
+// x is rounded once per group of 32 columns to two int8 digits, x / step ~ high + low / 256: 15 bits
+// below the group's largest value, as fine as the int16 of the int8 kernel. (One digit, llama.cpp's Q8
+// activations, made prefill 1.5x faster but halved greedy agreement with fp32: benchmarks.quality.)
+// A register tile computes one vector of output rows against up to GEMM_ROWS rows of x: a group's
+// eight 4-column dot products per digit sum in int32 per lane (vpdpbusd; vpmaddubsw + vpmaddwd with
+// AVX2 alone) before the one conversion that applies the group's scales.
+//
+// Arithmetic, the same in the reference and in every SIMD body, bit for bit, and for a row of x the
+// same whatever other rows it comes with (a request computes the same alone as in a batch): per row of
+// x and group g, v = x * (127 / max |x|), high = round(v), low = round(256 (v - high)) (both int8),
+// q = 256 high + low, step = max |x| / 127 / 256, sum = step * (sum of q); then per output o, over the
+// groups in order, acc = fma(dot(q, code), scale * step, acc); acc = fma(minimum, sum, acc). That is
+// the dequantized weight times the rounded x.
+//
+// Threads: the tiles are split over `threads` OpenMP threads, each a contiguous run of them; x is
+// rounded once, row by row over them.
+
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels.h"
+#include "simd.h"
+
+#define GROUP 32
+#define TILE 16        // output rows per tile of the weight
+#define TILE_GROUP 256 // code bytes of one tile's group
+#define GEMM_ROWS 8    // rows of x per register tile
+#define SPAN_TILES 4   // tiles one thread runs the rows of x against at a time
+#define SPAN 32        // groups per pass over the rows of x: a span's codes and a register tile's x stay in L1
+#define PREFETCH 2048  // bytes ahead in a tile's codes that the loop asks for (the stream's next 8 groups)
+
+// One row of x rounded per group (as above): its digits q (high) and q_low [K] int8, step and sum [K / 32].
+static void round_row(const float *x, int64_t K, int8_t *q, int8_t *q_low, float *step, float *sum) {
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        const float *xg = x + g * GROUP;
+        float amax = 0.0f;
+        for (int64_t i = 0; i < GROUP; i++) amax = fmaxf(amax, fabsf(xg[i]));
+        const float s = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t total = 0;
+        for (int64_t i = 0; i < GROUP; i++) {
+            const float v = xg[i] * inverse, high = nearbyintf(v), low = nearbyintf((v - high) * 256.0f);
+            const int8_t h = (int8_t)(high > 127.0f ? 127.0f : high < -127.0f ? -127.0f : high);
+            const int8_t l = (int8_t)(low > 127.0f ? 127.0f : low < -127.0f ? -127.0f : low);
+            q[g * GROUP + i] = h;
+            q_low[g * GROUP + i] = l;
+            total += 256 * h + l;
+        }
+        step[g] = s / 256.0f;
+        sum[g] = (float)total * (s / 256.0f);
+    }
+}
+
+// x [rows, K] rounded: high and low digits [rows, K], steps and sums [rows, K / 32], in one buffer.
+typedef struct {
+    int8_t *codes, *low;
+    float *step, *sum;
+} RoundedX;
+
+static int round_rows(const float *x, int64_t rows, int64_t K, Scratch *scratch, RoundedX *out, int threads) {
+    const int64_t groups = K / GROUP;
+    const size_t code_bytes = round64((size_t)(rows * K)), step_bytes = round64(sizeof(float) * (size_t)(rows * groups));
+    char *buffer = scratch_reserve(scratch, 2 * code_bytes + 2 * step_bytes);
+    if (buffer == NULL) return KERNELS_NO_MEMORY;
+    out->codes = (int8_t *)buffer;
+    out->low = (int8_t *)(buffer + code_bytes);
+    out->step = (float *)(buffer + 2 * code_bytes);
+    out->sum = (float *)(buffer + 2 * code_bytes + step_bytes);
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++)
+        round_row(x + r * K, K, out->codes + r * K, out->low + r * K, out->step + r * groups, out->sum + r * groups);
+    return KERNELS_OK;
+}
+
+// The 4-bit code of row o, column k (the layout above).
+static inline int code_at(const uint8_t *codes, int64_t K, int64_t o, int64_t k) {
+    const int64_t g = k / GROUP, c = k % GROUP;
+    const uint8_t byte = codes[((o / TILE * (K / GROUP) + g) * 4 + (c % 16) / 4) * 4 * TILE + o % TILE * 4 + c % 4];
+    return c < 16 ? byte & 0x0F : byte >> 4;
+}
+
+int int4_gemm_ref(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+                  const uint16_t *minimum, int64_t N, float *y) {
+    if (K % GROUP) return KERNELS_BAD_SHAPE;
+    Scratch scratch = {0};
+    RoundedX xr;
+    if (round_rows(x, rows, K, &scratch, &xr, 1)) return KERNELS_NO_MEMORY;
+    const int64_t groups = K / GROUP;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t o = 0; o < N; o++) {
+            float acc = 0.0f;
+            for (int64_t g = 0; g < groups; g++) {
+                int32_t high = 0, low = 0;
+                for (int64_t c = 0; c < GROUP; c++) {
+                    const int w = code_at(codes, K, o, g * GROUP + c);
+                    high += w * xr.codes[r * K + g * GROUP + c];
+                    low += w * xr.low[r * K + g * GROUP + c];
+                }
+                const int32_t dot = high * 256 + low;
+                const int64_t at = (o / TILE * groups + g) * TILE + o % TILE;
+                acc = fmaf((float)dot, float_of_fp16(scale[at]) * xr.step[r * groups + g], acc);
+                acc = fmaf(float_of_fp16(minimum[at]), xr.sum[r * groups + g], acc);
+            }
+            y[r * N + o] = acc;
+        }
+    free(scratch.data);
+    return KERNELS_OK;
+}
+
+#if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
+
+#if defined(KERNELS_AVX512)
+#define V 16
+typedef __m512 VecF;
+typedef __m512i VecI;
+#define load_si(p) _mm512_loadu_si512((const void *)(p))
+#define and_si _mm512_and_si512
+#define srli_16 _mm512_srli_epi16
+#define slli_32 _mm512_slli_epi32
+#define add_32 _mm512_add_epi32
+#define set1_8 _mm512_set1_epi8
+#define set1_32 _mm512_set1_epi32
+#define set1_ps _mm512_set1_ps
+#define zero_ps _mm512_setzero_ps
+#define zero_si _mm512_setzero_si512
+#define mul_ps _mm512_mul_ps
+#define fma_ps _mm512_fmadd_ps
+#define cvt_ps _mm512_cvtepi32_ps
+#define load_ps _mm512_loadu_ps
+#define store_ps _mm512_storeu_ps
+#define load_ph(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+// acc + per lane the sums of the four u8 x s8 products of (u0, s0), then of (u1, s1).
+#define dot_quads(acc, u0, s0, u1, s1) _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, u0, s0), u1, s1)
+#else
+#define V 8
+typedef __m256 VecF;
+typedef __m256i VecI;
+#define load_si(p) _mm256_loadu_si256((const __m256i *)(p))
+#define and_si _mm256_and_si256
+#define srli_16 _mm256_srli_epi16
+#define slli_32 _mm256_slli_epi32
+#define add_32 _mm256_add_epi32
+#define set1_8 _mm256_set1_epi8
+#define set1_32 _mm256_set1_epi32
+#define set1_ps _mm256_set1_ps
+#define zero_ps _mm256_setzero_ps
+#define zero_si _mm256_setzero_si256
+#define mul_ps _mm256_mul_ps
+#define fma_ps _mm256_fmadd_ps
+#define cvt_ps _mm256_cvtepi32_ps
+#define load_ps _mm256_loadu_ps
+#define store_ps _mm256_storeu_ps
+#define load_ph(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define dot_quads(acc, u0, s0, u1, s1) _mm256_add_epi32(acc, dot2_u8s8(u0, s0, u1, s1))
+#endif
+#define PARTS (TILE / V)  // vectors of output rows per tile
+
+static inline int32_t quad_of(const int8_t *q) {
+    int32_t v;
+    memcpy(&v, q, sizeof v);
+    return v;
+}
+
+// Where one vector of output rows is: part `part` of tile `tile`.
+typedef struct {
+    const uint8_t *codes;           // its group 0's first vector; a group further is TILE_GROUP bytes on
+    const uint16_t *scale, *minimum;  // its group 0's; a group further is TILE values on
+    int64_t o0, live;               // its first output row, and how many of its lanes are rows (the rest pad)
+} Rows;
+
+static inline Rows rows_of(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t groups,
+                           int64_t N, int64_t tile, int64_t part) {
+    const int64_t o0 = tile * TILE + part * V;
+    const Rows rows = {codes + tile * groups * TILE_GROUP + part * V * 4, scale + tile * groups * TILE + part * V,
+                       minimum + tile * groups * TILE + part * V, o0, min64(V, N - o0)};
+    return rows;
+}
+
+// R rows of x from r0 (a compile-time constant: always inlined with literals) against one vector of
+// output rows, over groups g0 .. g1: the sums go on from y's where g0 > 0 (the same chain of fmas as
+// in one pass).
+static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, int64_t K, const Rows *w,
+                                                            const RoundedX *x, int64_t r0, int64_t g0, int64_t g1,
+                                                            int64_t N, float *y) {
+    const int64_t groups = K / GROUP;
+    const VecI nibble = set1_8(0x0F);
+    VecF acc[GEMM_ROWS];
+    for (int64_t r = 0; r < R; r++) {
+        if (g0 == 0) {
+            acc[r] = zero_ps();
+        } else {
+            float lanes[V] = {0};
+            memcpy(lanes, y + (r0 + r) * N + w->o0, sizeof(float) * (size_t)w->live);
+            acc[r] = load_ps(lanes);
+        }
+    }
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *codes = w->codes + g * TILE_GROUP;
+        for (int64_t line = 0; line < TILE_GROUP; line += 64) _mm_prefetch((const char *)(codes + PREFETCH + line), _MM_HINT_T0);
+        VecI low[4], high[4];
+        for (int64_t i = 0; i < 4; i++) {
+            const VecI v = load_si(codes + i * 4 * TILE);
+            low[i] = and_si(v, nibble);
+            high[i] = and_si(srli_16(v, 4), nibble);
+        }
+        const VecF s = load_ph(w->scale + g * TILE), m = load_ph(w->minimum + g * TILE);
+        for (int64_t r = 0; r < R; r++) {
+            VecI digit[2];
+            for (int d = 0; d < 2; d++) {
+                const int8_t *q = (d ? x->low : x->codes) + (r0 + r) * K + g * GROUP;
+                VecI dot = zero_si();
+                dot = dot_quads(dot, low[0], set1_32(quad_of(q)), low[1], set1_32(quad_of(q + 4)));
+                dot = dot_quads(dot, low[2], set1_32(quad_of(q + 8)), low[3], set1_32(quad_of(q + 12)));
+                dot = dot_quads(dot, high[0], set1_32(quad_of(q + 16)), high[1], set1_32(quad_of(q + 20)));
+                dot = dot_quads(dot, high[2], set1_32(quad_of(q + 24)), high[3], set1_32(quad_of(q + 28)));
+                digit[d] = dot;
+            }
+            const VecI dot = add_32(slli_32(digit[0], 8), digit[1]);
+            const int64_t at = (r0 + r) * groups + g;
+            acc[r] = fma_ps(cvt_ps(dot), mul_ps(s, set1_ps(x->step[at])), acc[r]);
+            acc[r] = fma_ps(m, set1_ps(x->sum[at]), acc[r]);
+        }
+    }
+    for (int64_t r = 0; r < R; r++) {
+        float *out = y + (r0 + r) * N + w->o0;
+        if (w->live == V) {
+            store_ps(out, acc[r]);
+        } else {
+            float lanes[V];
+            store_ps(lanes, acc[r]);
+            memcpy(out, lanes, sizeof(float) * (size_t)w->live);
+        }
+    }
+}
+
+typedef void (*TileFn)(int64_t, const Rows *, const RoundedX *, int64_t, int64_t, int64_t, int64_t, float *);
+#define GEMM_TILE(R)                                                                                         \
+    static void gemm_tile_##R(int64_t K, const Rows *w, const RoundedX *x, int64_t r0, int64_t g0, int64_t g1, \
+                              int64_t N, float *y) {                                                         \
+        gemm_tile(R, K, w, x, r0, g0, g1, N, y);                                                             \
+    }
+GEMM_TILE(1)
+GEMM_TILE(2)
+GEMM_TILE(3)
+GEMM_TILE(4)
+GEMM_TILE(5)
+GEMM_TILE(6)
+GEMM_TILE(7)
+GEMM_TILE(8)
+static const TileFn gemm_tiles[GEMM_ROWS + 1] = {NULL,        gemm_tile_1, gemm_tile_2, gemm_tile_3, gemm_tile_4,
+                                                 gemm_tile_5, gemm_tile_6, gemm_tile_7, gemm_tile_8};
+
+// x: [rows, K] fp32 (K a multiple of 32), codes / scale / minimum: the tiles of an [N, K] weight
+// (kernels.h's Int4), y: [rows, N] fp32.
+int int4_gemm(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+              const uint16_t *minimum, int64_t N, float *y, int threads) {
+    if (K % GROUP) return KERNELS_BAD_SHAPE;
+    static _Thread_local Scratch x_scratch;
+    RoundedX xr;
+    if (round_rows(x, rows, K, &x_scratch, &xr, threads)) return KERNELS_NO_MEMORY;
+    const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE, spans = (tiles + SPAN_TILES - 1) / SPAN_TILES;
+    // One register tile of rows reads each code once: no span of groups, so a tile's codes are one stream.
+    const int64_t span = rows > GEMM_ROWS ? SPAN : groups;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t s = 0; s < spans; s++) {
+        const int64_t t0 = s * SPAN_TILES, t1 = min64(t0 + SPAN_TILES, tiles);
+        for (int64_t g0 = 0; g0 < groups; g0 += span) {
+            const int64_t g1 = min64(g0 + span, groups);
+            for (int64_t r0 = 0; r0 < rows; r0 += GEMM_ROWS) {
+                const TileFn run = gemm_tiles[min64(GEMM_ROWS, rows - r0)];
+                for (int64_t t = t0; t < t1; t++)
+                    for (int64_t part = 0; part < PARTS; part++) {
+                        const Rows w = rows_of(codes, scale, minimum, groups, N, t, part);
+                        if (w.live > 0) run(K, &w, &xr, r0, g0, g1, N, y);
+                    }
+            }
+        }
+    }
+    return KERNELS_OK;
+}
+
+#else  // no SIMD: the reference is the body
+
+int int4_gemm(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+              const uint16_t *minimum, int64_t N, float *y, int threads) {
+    (void)threads;
+    return int4_gemm_ref(x, rows, K, codes, scale, minimum, N, y);
+}
+
+#endif
