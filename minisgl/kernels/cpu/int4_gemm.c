@@ -35,12 +35,14 @@
 #define TILE 16        // output rows per tile of the weight
 #define TILE_GROUP 256 // code bytes of one tile's group
 #define GEMM_ROWS 8    // rows of x per register tile
-#define SPAN_TILES 4   // tiles one thread runs the rows of x against at a time
+#define SPAN_TILES 1   // tiles one thread runs the rows of x against at a time
 #define SPAN 32        // groups per pass over the rows of x: a span's codes and a register tile's x stay in L1
 #define PREFETCH 2048  // bytes ahead in a tile's codes that the loop asks for (the stream's next 8 groups)
 
 // One row of x rounded per group (as above): its digits q (high) and q_low [K] int8, step and sum [K / 32].
-static void round_row(const float *x, int64_t K, int8_t *q, int8_t *q_low, float *step, float *sum) {
+typedef void (*RoundRow)(const float *x, int64_t K, int8_t *q, int8_t *q_low, float *step, float *sum);
+
+static void round_row_plain(const float *x, int64_t K, int8_t *q, int8_t *q_low, float *step, float *sum) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
         float amax = 0.0f;
@@ -66,7 +68,8 @@ typedef struct {
     float *step, *sum;
 } RoundedX;
 
-static int round_rows(const float *x, int64_t rows, int64_t K, Scratch *scratch, RoundedX *out, int threads) {
+static int round_rows(RoundRow round_row, const float *x, int64_t rows, int64_t K, Scratch *scratch, RoundedX *out,
+                      int threads) {
     const int64_t groups = K / GROUP;
     const size_t code_bytes = round64((size_t)(rows * K)), step_bytes = round64(sizeof(float) * (size_t)(rows * groups));
     char *buffer = scratch_reserve(scratch, 2 * code_bytes + 2 * step_bytes);
@@ -93,7 +96,7 @@ int int4_gemm_ref(const float *x, int64_t rows, int64_t K, const uint8_t *codes,
     if (K % GROUP) return KERNELS_BAD_SHAPE;
     Scratch scratch = {0};
     RoundedX xr;
-    if (round_rows(x, rows, K, &scratch, &xr, 1)) return KERNELS_NO_MEMORY;
+    if (round_rows(round_row_plain, x, rows, K, &scratch, &xr, 1)) return KERNELS_NO_MEMORY;
     const int64_t groups = K / GROUP;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t o = 0; o < N; o++) {
@@ -163,6 +166,72 @@ typedef __m256i VecI;
 #define dot_quads(acc, u0, s0, u1, s1) _mm256_add_epi32(acc, dot2_u8s8(u0, s0, u1, s1))
 #endif
 #define PARTS (TILE / V)  // vectors of output rows per tile
+
+#if defined(KERNELS_AVX512)
+// round_row_plain in 512-bit registers: the same values (max and integer sums in another order).
+static void round_row_simd(const float *x, int64_t K, int8_t *q, int8_t *q_low, float *step, float *sum) {
+    const __m512 low_scale = _mm512_set1_ps(256.0f), top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        const __m512 halves[2] = {_mm512_loadu_ps(x + g * GROUP), _mm512_loadu_ps(x + g * GROUP + 16)};
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(halves[0]), _mm512_abs_ps(halves[1])));
+        const float s = amax / 127.0f;
+        const __m512 inverse = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m512i total = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            const __m512 v = _mm512_mul_ps(halves[h], inverse);
+            const __m512 high = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m512 low = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, high), low_scale),
+                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m512i hi = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(high, bottom), top));
+            const __m512i lo = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(low, bottom), top));
+            _mm_storeu_si128((__m128i *)(q + g * GROUP + 16 * h), _mm512_cvtepi32_epi8(hi));
+            _mm_storeu_si128((__m128i *)(q_low + g * GROUP + 16 * h), _mm512_cvtepi32_epi8(lo));
+            total = _mm512_add_epi32(total, _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo));
+        }
+        step[g] = s / 256.0f;
+        sum[g] = (float)_mm512_reduce_add_epi32(total) * (s / 256.0f);
+    }
+}
+#else
+static inline __m128i int8_of(__m256i v) {  // 8 int32 in -127..127 to 8 int8, in order (low 8 bytes)
+    const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    return _mm_packs_epi16(words, words);
+}
+
+// round_row_plain in 256-bit registers: the same values (max and integer sums in another order).
+static void round_row_simd(const float *x, int64_t K, int8_t *q, int8_t *q_low, float *step, float *sum) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), low_scale = _mm256_set1_ps(256.0f);
+    const __m256 top = _mm256_set1_ps(127.0f), bottom = _mm256_set1_ps(-127.0f);
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        __m256 quarter[4], m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            quarter[i] = _mm256_loadu_ps(x + g * GROUP + 8 * i);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, quarter[i]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))), s = amax / 127.0f;
+        const __m256 inverse = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m256i total = _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) {
+            const __m256 v = _mm256_mul_ps(quarter[i], inverse);
+            const __m256 high = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m256 low = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(v, high), low_scale),
+                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m256i hi = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(high, bottom), top));
+            const __m256i lo = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(low, bottom), top));
+            _mm_storel_epi64((__m128i *)(q + g * GROUP + 8 * i), int8_of(hi));
+            _mm_storel_epi64((__m128i *)(q_low + g * GROUP + 8 * i), int8_of(lo));
+            total = _mm256_add_epi32(total, _mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo));
+        }
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+        step[g] = s / 256.0f;
+        sum[g] = (float)_mm_cvtsi128_si32(t) * (s / 256.0f);
+    }
+}
+#endif
 
 static inline int32_t quad_of(const int8_t *q) {
     int32_t v;
@@ -266,7 +335,7 @@ int int4_gemm(const float *x, int64_t rows, int64_t K, const uint8_t *codes, con
     if (K % GROUP) return KERNELS_BAD_SHAPE;
     static _Thread_local Scratch x_scratch;
     RoundedX xr;
-    if (round_rows(x, rows, K, &x_scratch, &xr, threads)) return KERNELS_NO_MEMORY;
+    if (round_rows(round_row_simd, x, rows, K, &x_scratch, &xr, threads)) return KERNELS_NO_MEMORY;
     const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE, spans = (tiles + SPAN_TILES - 1) / SPAN_TILES;
     // One register tile of rows reads each code once: no span of groups, so a tile's codes are one stream.
     const int64_t span = rows > GEMM_ROWS ? SPAN : groups;
