@@ -8,24 +8,20 @@ Layer 0: every unit that uses one (layers, attention, models, config, scheduler)
 from __future__ import annotations
 
 # -- quantized products (``layers/quant.py``) ------------------------------------------------------
-# int4 runs the C kernel (``kernels/cpu/int4_gemm.c``) at every row count. Rows up to which the few-row
-# kernels beat expanding the weight to bf16 and torch's bf16 GEMM: int8's C kernel
-# (``kernels/cpu/quant_gemm.c``, the weight streamed once per 4 rows), and torch's int4 kernel where
-# the C kernels do not build. ``python -m benchmarks.many_rows`` (its "faster" column, at the 135M and
-# 1.7B shapes; ``--kernels torch`` for torch's, ``--kernels c:avx2`` for the AVX2 build).
+# The C kernels (``kernels/cpu/quant_gemm.c``) take every row count. Without them (no compiler, or a CPU
+# without AVX2), rows up to which torch's weight-only kernels beat expanding the weight to bf16 and
+# torch's bf16 GEMM: ``python -m benchmarks.many_rows --kernels torch`` (its "faster" column).
 INT4_MAX_KERNEL_ROWS = 16
 INT8_MAX_KERNEL_ROWS = 32
-# The bf16 buffer the many-row products that expand their weight use (64 MiB): a 1.7B model's largest
+# The bf16 buffer those many-row products expand their weight into (64 MiB): a 1.7B model's largest
 # projection (gate/up, 16384 x 2048) in one band, a larger weight band by band. A size by design;
-# ``benchmarks.many_rows`` runs the 1.7B shapes with it.
+# ``benchmarks.many_rows --kernels torch`` runs the 1.7B shapes with it.
 DEQUANT_BUFFER_ELEMENTS = 1 << 25
 
 # -- the single-call decode step (``models/decoder.py``, ``kernels/cpu/decode_layer.c``) -----------
-# Most requests one fused decode step takes. Its int4 products are the same kernel as the
-# layer-by-layer path's at every row count, so it stays the faster path at any batch; with int8
-# projections it stops at ``INT8_MAX_KERNEL_ROWS``, past which the layer-by-layer path expands them.
-# By design (64: the largest batch the issue's decode target names); decode tok/s by batch:
-# ``python -m benchmarks.throughput_sweep --batch-sizes 16 32 64``.
+# Most requests one fused decode step takes. Its products are the same C kernels as the
+# layer-by-layer path's at every row count. By design (64: the largest batch the issue's decode target
+# names); decode tok/s by batch: ``python -m benchmarks.throughput_sweep --batch-sizes 16 32 64``.
 FUSED_DECODE_MAX_BATCH = 64
 # Speculative decoding drafts only while a pass keeps at most this many tokens (its decoding requests
 # and their drafts): the harness's copy, multi-turn and shared-prefix workloads with ``minisgl-spec``

@@ -1,11 +1,8 @@
 """The engine's C kernels (``cpu/*.c``), built for this machine on first use and called through cffi.
 
-- ``int4_gemm.c``: the int4 weight-only product at every row count, on the weight's tiles of 16
-  rows (``Int4Weight``), fp32 in and out: decode streams each tile once, prefill runs it as a GEMM.
-- ``quant_gemm.c``: the int8 weight-only product for few rows, fp32 in and out. torch's CPU kernel
-  for it takes bf16 activations (two casts a product) and is 2-3x slower at one row.
-- ``dequantize.c``: int8 weights expanded to bf16 a band of rows at a time, for their many-row
-  products (prefill), which then run torch's bf16 GEMM.
+- ``quant_gemm.c``: the int4 and int8 weight-only products at every row count, on the weights' tiles
+  of 16 rows (``Int4Weight``, ``Int8Weight``), fp32 in and out: decode streams each tile once,
+  prefill runs the same loops as a GEMM. torch's CPU kernels for them take bf16 activations.
 - ``paged_attention.c``: decode attention read in place from the KV pool, no gathered copy.
 - ``rms_norm.c``: RMSNorm (after a residual add) in one call instead of torch's seven ops.
 - ``rotary.c``: RoPE, with torch's roundings, for ``decode_layer.c``.
@@ -202,14 +199,14 @@ def _check(name: str, t: object, dtypes: tuple[torch.dtype, ...], shape: tuple[i
 Int4Buffers = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # codes, scale, minimum (``int4``'s layout)
 
 
-INT4_TILE = 16  # output rows per tile of an int4 weight (kernels.h's Int4)
+QUANT_TILE = 16  # output rows per tile of a quantized weight (kernels.h's Int4 and Int8)
 
 
 def _check_int4(name: str, weight: Int4Buffers, n: int) -> int:
     """The K of an [n, K] int4 weight in tiles (kernels.h's Int4), its three buffers checked against
     each other: codes [tiles, 8 K] uint8, scale and minimum [tiles, K / 2] fp16."""
     codes, scale, minimum = weight
-    tiles = -(-n // INT4_TILE)
+    tiles = -(-n // QUANT_TILE)
     _check(f"{name} codes", codes, (torch.uint8,), (tiles, None))
     k = codes.shape[1] // 8
     if codes.shape[1] % (8 * 32) or k == 0:
@@ -224,25 +221,22 @@ def _check_int4(name: str, weight: Int4Buffers, n: int) -> int:
 Int8Buffers = tuple[torch.Tensor, torch.Tensor]  # codes, scale (``int8``'s)
 
 
-def _check_int8(name: str, weight: Int8Buffers, multiple: int = 32) -> tuple[int, int]:
-    """An int8 weight's (N, K): codes [N, K] int8 with K a positive multiple of ``multiple``, scale [N] fp32."""
+def _check_int8(name: str, weight: Int8Buffers, n: int) -> int:
+    """The K of an [n, K] int8 weight in tiles (kernels.h's Int8): codes [tiles, 16 K] int8, scale
+    [tiles * 16] fp32."""
     codes, scale = weight
-    _check(f"{name} codes", codes, (torch.int8,), (None, None))
-    n, k = codes.shape
-    if k % multiple or k == 0:
-        raise ValueError(f"{name} codes must have a multiple of {multiple} columns, got {k}")
-    _check(f"{name} scale", scale, (torch.float32,), (n,))
-    return n, k
+    tiles = -(-n // QUANT_TILE)
+    _check(f"{name} codes", codes, (torch.int8,), (tiles, None))
+    k = codes.shape[1] // QUANT_TILE
+    if codes.shape[1] % (QUANT_TILE * 32) or k == 0:
+        raise ValueError(f"{name} codes must have a multiple of 512 bytes a tile (32 int8 columns), got {codes.shape[1]}")
+    _check(f"{name} scale", scale, (torch.float32,), (tiles * QUANT_TILE,))
+    return k
 
 
 def _check_projection(name: str, weight: Int4Buffers | Int8Buffers, n: int) -> int:
     """A projection of ``decode_layer.c`` with ``n`` output rows, int4 (three buffers) or int8 (two): its K."""
-    if len(weight) == 3:
-        return _check_int4(name, weight, n)
-    rows, k = _check_int8(name, weight)
-    if rows != n:
-        raise ValueError(f"{name} must have {n} rows, got {rows}")
-    return k
+    return _check_int4(name, weight, n) if len(weight) == 3 else _check_int8(name, weight, n)
 
 
 @dataclass(frozen=True)
@@ -316,11 +310,12 @@ class CpuKernels:
         name = "int4_gemm_ref" if reference else "int4_gemm"
         return self._bind(name, n, k, weight, (codes, scale, minimum), threads=not reference)
 
-    def int8(self, codes: torch.Tensor, scale: torch.Tensor, reference: bool = False) -> Matmul:
-        """``codes``: [N, K] int8 (K a multiple of 32); ``scale``: [N] fp32; w = code * scale row by row."""
-        n, k = _check_int8("int8 weight", (codes, scale))
+    def int8(self, codes: torch.Tensor, scale: torch.Tensor, n: int, reference: bool = False) -> Matmul:
+        """An [n, K] int8 weight's tiles (``Int8Weight``; kernels.h's Int8). The product takes
+        [rows, K] fp32 and gives [rows, n] fp32, x rounded as for ``int4``."""
+        k = _check_int8("int8 weight", (codes, scale), n)
         weight = (self.pointer(codes), self.pointer(scale))
-        name = "int8_matmul_ref" if reference else "int8_matmul"
+        name = "int8_gemm_ref" if reference else "int8_gemm"
         return self._bind(name, n, k, weight, (codes, scale), threads=not reference)
 
     def _bind(
@@ -339,18 +334,6 @@ class CpuKernels:
             return y
 
         return matmul
-
-    def int8_dequantize(
-        self, codes: torch.Tensor, scale: torch.Tensor, start: int, out: torch.Tensor, reference: bool = False
-    ) -> None:
-        """Rows ``start .. start + len(out)`` of an int8 weight into ``out``, [rows, K] bf16 (K a multiple of 16)."""
-        n, k = _check_int8("int8 weight", (codes, scale), multiple=16)
-        _check_band(n, k, start, out)
-        args = (self.pointer(codes), self.pointer(scale), k, start, out.shape[0], self.pointer(out))
-        if reference:
-            self.lib.int8_dequantize_bf16_ref(*args)
-        else:
-            self.lib.int8_dequantize_bf16(*args, torch.get_num_threads())
 
     def paged_decode_attention(
         self,
@@ -425,12 +408,6 @@ def _check_heads(heads: int, kv_heads: int, d: int) -> None:
                          f"got {heads} heads, {kv_heads} KV heads, head_dim {d}")  # fmt: skip
 
 
-def _check_band(n: int, k: int, start: int, out: torch.Tensor) -> None:
-    _check("out", out, (torch.bfloat16,), (None, k))
-    if not 0 <= start <= start + out.shape[0] <= n:
-        raise ValueError(f"rows {start}..{start + out.shape[0]} outside the weight's {n}")
-
-
 class FusedDecoder:
     """Decode steps through a stack of ``LayerWeights``, one C call a step. Its scratch buffers and
     step struct are kept between steps (the buffers grown for a larger batch)."""
@@ -438,7 +415,6 @@ class FusedDecoder:
     def __init__(self, kernels: CpuKernels, layers: list[LayerWeights]) -> None:
         if not layers:
             raise ValueError("a fused decoder needs at least one layer")
-        self.has_int8 = any(len(getattr(w, name)) == 2 for w in layers for name in ("qkv", "o", "gate_up", "down"))
         first = layers[0]
         self._shape = (first.hidden, first.heads, first.kv_heads, first.head_dim, first.intermediate)
         hidden, heads, kv_heads, head_dim, intermediate = self._shape
@@ -528,17 +504,15 @@ class FusedDecoder:
 
 def cpu_paths(kernels: CpuKernels | None) -> dict[str, str]:
     """Which code runs the quantized products with ``kernels`` on this host, in words (the start-up
-    log, the test suite's header): int4's, int8's for few rows, and the instructions oneDNN's bf16
-    GEMM can use for the products that expand their weight (it asks the kernel for AMX tiles itself,
-    ``arch_prctl(ARCH_REQ_XCOMP_PERM)``)."""
+    log, the test suite's header): the C kernels at every row count, or torch's kernels for few rows
+    and, for many, the weight expanded to bf16 and oneDNN's bf16 GEMM with the instructions it can use
+    (it asks the kernel for AMX tiles itself, ``arch_prctl(ARCH_REQ_XCOMP_PERM)``)."""
+    if kernels is not None:
+        return {"every row count": f"minisgl C kernels ({kernels.variant.description})"}
     if torch.cpu._is_amx_tile_supported():
         gemm = "AMX-BF16"
     elif torch.cpu._is_avx512_bf16_supported():
         gemm = "AVX-512 BF16"
     else:
         gemm = torch.backends.cpu.get_cpu_capability()
-    expanded = f"bf16 expansion + oneDNN bf16 GEMM ({gemm})"
-    if kernels is None:
-        return {"few rows": "torch's int4/int8 kernels", "many rows": expanded}
-    c = f"minisgl C kernels ({kernels.variant.description})"
-    return {"int4": f"{c}, every row count", "int8 few rows": c, "int8 many rows": expanded}
+    return {"few rows": "torch's int4/int8 kernels", "many rows": f"bf16 expansion + oneDNN bf16 GEMM ({gemm})"}

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minisgl.kernels.native import INT4_TILE, CpuKernels, Matmul
+from minisgl.kernels.native import QUANT_TILE, CpuKernels, Matmul
 from minisgl.tuning import INT4_MAX_KERNEL_ROWS, INT8_MAX_KERNEL_ROWS
 
 QuantMode = Literal["int4", "int8"]
@@ -71,16 +71,30 @@ class QuantizedWeight(nn.Module):
     kernels: CpuKernels | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """On the CPU: the kernels for at most ``max_kernel_rows`` rows, bf16 GEMM on the expanded
-        weight beyond."""
+        """On the CPU: the C kernels at every row count; without them torch's kernels for at most
+        ``max_kernel_rows`` rows, bf16 GEMM on the expanded weight beyond."""
         rows = x.reshape(-1, self.in_features)
-        y = self.kernel(rows) if rows.shape[0] <= self.max_kernel_rows else self.many_rows(rows)
+        if self._c_matmul is not None:
+            y = self._c_matmul(rows.float().contiguous())
+        elif rows.shape[0] <= self.max_kernel_rows:
+            y = self.kernel(rows)
+        else:
+            y = self.many_rows(rows)
         if y.dtype == x.dtype and x.dim() == 2:  # the decode step's case: nothing to reshape or cast
             return y
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
+    @cached_property
+    def _c_matmul(self) -> Matmul | None:
+        """The C kernels' product, [rows, in] fp32 → [rows, out] fp32; None without them."""
+        return None if self.kernels is None else self.bind(self.kernels)
+
+    def bind(self, kernels: CpuKernels) -> Matmul:
+        """This weight's product through ``kernels``."""
+        raise NotImplementedError
+
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
-        """[rows, in] → [rows, out], fp32 from the C kernels, bf16 from torch's."""
+        """[rows, in] → [rows, out] bf16 through torch's weight-only kernel (bf16 activations)."""
         raise NotImplementedError
 
     def many_rows(self, rows: torch.Tensor) -> torch.Tensor:
@@ -104,7 +118,7 @@ class QuantizedWeight(nn.Module):
 
     def expand(self, start: int, out: torch.Tensor) -> None:
         """Output rows ``start .. start + len(out)`` dequantized into ``out`` ([rows, in] bf16)."""
-        raise NotImplementedError
+        out.copy_(self.lookup(slice(start, start + len(out))))
 
     def lookup(self, ids: torch.Tensor | slice) -> torch.Tensor:
         """The dequantized fp32 rows ``ids`` (an embedding's lookup)."""
@@ -118,12 +132,10 @@ class QuantizedWeight(nn.Module):
 
 
 class Int4Weight(QuantizedWeight):
-    # torch's int4 kernel (no C kernels) streams the weight once per row block; past this many rows the
-    # bf16 expansion and GEMM win. The C kernel takes every row count itself.
-    max_kernel_rows = INT4_MAX_KERNEL_ROWS
+    max_kernel_rows = INT4_MAX_KERNEL_ROWS  # torch's kernel's crossover (without the C kernels)
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, out_features: int) -> None:
-        """An [out_features, in] weight in the C kernel's tiles of ``INT4_TILE`` output rows (kernels.h's
+        """An [out_features, in] weight in the C kernel's tiles of ``QUANT_TILE`` output rows (kernels.h's
         Int4; ``from_codes`` builds them): ``codes`` [tiles, 8 in] uint8, ``scale`` and ``minimum``
         [tiles, in / 2] fp16, the last tile's rows past ``out_features`` zero. What ``state_dict`` holds."""
         super().__init__()
@@ -139,7 +151,7 @@ class Int4Weight(QuantizedWeight):
     @classmethod
     def empty(cls, out_features: int, in_features: int) -> Int4Weight:
         """An [out, in] weight of zeros, to be filled (``write_rows``)."""
-        tiles = -(-out_features // INT4_TILE)
+        tiles = -(-out_features // QUANT_TILE)
         codes = torch.zeros(tiles, in_features * 8, dtype=torch.uint8)
         scale, minimum = (torch.zeros(tiles, in_features // 2, dtype=torch.float16) for _ in range(2))
         return cls(codes, scale, minimum, out_features)
@@ -172,14 +184,14 @@ class Int4Weight(QuantizedWeight):
         if not 0 <= start <= end <= self.out_features:
             raise ValueError(f"rows {start}..{end} outside the weight's {self.out_features}")
         codes, scales, minimums = self._tile_views()
-        first, last = min(-(-start // INT4_TILE) * INT4_TILE, end), max(end // INT4_TILE * INT4_TILE, start)
+        first, last = min(-(-start // QUANT_TILE) * QUANT_TILE, end), max(end // QUANT_TILE * QUANT_TILE, start)
         if first < last:  # whole tiles: one strided copy each
-            t0, t1, a, b = first // INT4_TILE, last // INT4_TILE, first - start, last - start
-            codes[t0:t1] = words[a:b].reshape(t1 - t0, INT4_TILE, -1, 4).permute(0, 2, 3, 1)
-            scales[t0:t1] = scale[a:b].reshape(t1 - t0, INT4_TILE, -1).transpose(1, 2)
-            minimums[t0:t1] = minimum[a:b].reshape(t1 - t0, INT4_TILE, -1).transpose(1, 2)
+            t0, t1, a, b = first // QUANT_TILE, last // QUANT_TILE, first - start, last - start
+            codes[t0:t1] = words[a:b].reshape(t1 - t0, QUANT_TILE, -1, 4).permute(0, 2, 3, 1)
+            scales[t0:t1] = scale[a:b].reshape(t1 - t0, QUANT_TILE, -1).transpose(1, 2)
+            minimums[t0:t1] = minimum[a:b].reshape(t1 - t0, QUANT_TILE, -1).transpose(1, 2)
         for row in [*range(start, first), *range(max(first, last), end)]:  # parts of tiles shared with other rows
-            tile, lane = divmod(row, INT4_TILE)
+            tile, lane = divmod(row, QUANT_TILE)
             codes[tile, :, :, lane] = words[row - start]
             scales[tile, :, lane], minimums[tile, :, lane] = scale[row - start], minimum[row - start]
 
@@ -187,14 +199,14 @@ class Int4Weight(QuantizedWeight):
         """Code words [tiles, groups, 4, TILE] int32, scales and minimums [tiles, groups, TILE]."""
         tiles = len(self.codes)
         return (
-            self.codes.view(torch.int32).view(tiles, self.groups, 4, INT4_TILE),
-            self.scale.view(tiles, self.groups, INT4_TILE),
-            self.minimum.view(tiles, self.groups, INT4_TILE),
+            self.codes.view(torch.int32).view(tiles, self.groups, 4, QUANT_TILE),
+            self.scale.view(tiles, self.groups, QUANT_TILE),
+            self.minimum.view(tiles, self.groups, QUANT_TILE),
         )
 
     def _row_index(self, rows: torch.Tensor | slice) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.arange(self.out_features)[rows] if isinstance(rows, slice) else rows
-        return ids // INT4_TILE, ids % INT4_TILE
+        return ids // QUANT_TILE, ids % QUANT_TILE
 
     def group_scales(self, rows: torch.Tensor | slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
         """[len(rows), in / 32] fp16 scales and minimums, row by row (every row by default)."""
@@ -218,8 +230,8 @@ class Int4Weight(QuantizedWeight):
 
     def rows(self, start: int, end: int) -> Int4Weight:
         """Output rows ``start .. end``, copied (a view would keep the whole weight alive)."""
-        if start % INT4_TILE == 0 and (end % INT4_TILE == 0 or end == self.out_features):  # whole tiles
-            t0, t1 = start // INT4_TILE, -(-end // INT4_TILE)
+        if start % QUANT_TILE == 0 and (end % QUANT_TILE == 0 or end == self.out_features):  # whole tiles
+            t0, t1 = start // QUANT_TILE, -(-end // QUANT_TILE)
             parts = (self.codes[t0:t1].clone(), self.scale[t0:t1].clone(), self.minimum[t0:t1].clone())
             return Int4Weight(*parts, end - start)
         ids = torch.arange(start, end)
@@ -244,7 +256,7 @@ class Int4Weight(QuantizedWeight):
         """The parts' rows one after another (a fused projection)."""
         if len(parts) == 1:
             return parts[0]
-        if all(p.out_features % INT4_TILE == 0 for p in parts[:-1]):  # tiles one after another
+        if all(p.out_features % QUANT_TILE == 0 for p in parts[:-1]):  # tiles one after another
             buffers = (torch.cat([getattr(p, name) for p in parts]) for name in ("codes", "scale", "minimum"))
             return Int4Weight(*buffers, sum(p.out_features for p in parts))
         scales = [p.group_scales() for p in parts]
@@ -261,23 +273,12 @@ class Int4Weight(QuantizedWeight):
         groups = codes[tile, :, :, lane].contiguous().view(torch.uint8)  # [rows, groups, 16]: GGUF's bytes
         return torch.cat([groups & 0xF, groups >> 4], dim=-1).reshape(len(tile), self.in_features)
 
+    def bind(self, kernels: CpuKernels) -> Matmul:
+        return kernels.int4(self.codes, self.scale, self.minimum, self.out_features)
+
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
-        if self._c_matmul is not None:
-            return self._c_matmul(rows.float().contiguous())
         packed, scales_and_zeros = self._torch_packing
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), packed, INT4_GROUP, scales_and_zeros)
-
-    def many_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """[rows, in] → [rows, out]: fp32 from the C kernel, which takes every row count on the tiles
-        themselves; bf16 from the expanded weight without it (``QuantizedWeight.many_rows``)."""
-        if self._c_matmul is not None:
-            return self._c_matmul(rows.float().contiguous())
-        return super().many_rows(rows)
-
-    @cached_property
-    def _c_matmul(self) -> Matmul | None:
-        kernels = self.kernels
-        return None if kernels is None else kernels.int4(self.codes, self.scale, self.minimum, self.out_features)
 
     @cached_property
     def _torch_packing(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -295,11 +296,8 @@ class Int4Weight(QuantizedWeight):
         w = codes.view(codes.shape[0], -1, INT4_GROUP).float() * scale + minimum
         return w.view(codes.shape[0], self.in_features)
 
-    def expand(self, start: int, out: torch.Tensor) -> None:
-        out.copy_(self.lookup(slice(start, start + len(out))))
-
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, tiles of {INT4_TILE} rows"
+        return f"in_features={self.in_features}, out_features={self.out_features}, tiles of {QUANT_TILE} rows"
 
 
 def _groups(w: torch.Tensor) -> torch.Tensor:
@@ -316,52 +314,65 @@ def rtn_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Int8Weight(QuantizedWeight):
-    max_kernel_rows = INT8_MAX_KERNEL_ROWS  # the integer kernel beats the bf16 path up to here
+    max_kernel_rows = INT8_MAX_KERNEL_ROWS  # torch's kernel's crossover (without the C kernels)
 
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor) -> None:
-        """``codes``: [out, in] int8; ``scale``: [out]; w = codes * scale row by row."""
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, out_features: int, in_features: int) -> None:
+        """An [out_features, in_features] weight in the C kernel's tiles of ``QUANT_TILE`` output rows
+        (kernels.h's Int8; ``quantize`` builds them), its columns padded with zeros to a multiple of 32:
+        ``codes`` [tiles, 16 padded_in] int8, ``scale`` [tiles * 16] fp32, one per row (0 past
+        ``out_features``); w = codes * scale row by row. What ``state_dict`` holds."""
         super().__init__()
-        self.out_features, self.in_features = codes.shape
-        self.register_buffer("codes", codes.to(torch.int8).contiguous())
-        self.register_buffer("scale", scale.float().contiguous())
+        self.out_features, self.in_features = out_features, in_features
+        self.padded_in = codes.shape[1] // QUANT_TILE
+        self.register_buffer("codes", codes)
+        self.register_buffer("scale", scale)
 
     @classmethod
     def quantize(cls, w: torch.Tensor) -> Int8Weight:
         """Symmetric round-to-nearest per output row (torch's kernel has one scale per row), a band of
         rows at a time: a vocabulary-sized weight's fp32 temporaries would otherwise double its size."""
-        codes = torch.empty(w.shape, dtype=torch.int8)
-        scale = torch.empty(w.shape[0])
-        for start in range(0, w.shape[0], _QUANTIZE_BAND):
+        out_features, in_features = w.shape
+        tiles, padded_in = -(-out_features // QUANT_TILE), -(-in_features // INT4_GROUP) * INT4_GROUP
+        weight = cls(torch.zeros(tiles, QUANT_TILE * padded_in, dtype=torch.int8), torch.zeros(tiles * QUANT_TILE), *w.shape)
+        codes = weight._tile_view()
+        for start in range(0, out_features, _QUANTIZE_BAND):  # a multiple of the tile
             band = w[start : start + _QUANTIZE_BAND].float()
             step = band.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
-            codes[start : start + len(band)] = (band / step.unsqueeze(1)).round_().clamp_(-127, 127)
-            scale[start : start + len(band)] = step
-        return cls(codes, scale)
+            rows = -(-len(band) // QUANT_TILE) * QUANT_TILE
+            band_codes = torch.zeros(rows, padded_in, dtype=torch.int8)
+            band_codes[: len(band), :in_features] = (band / step.unsqueeze(1)).round_().clamp_(-127, 127)
+            t0 = start // QUANT_TILE
+            codes[t0 : t0 + rows // QUANT_TILE] = band_codes.view(-1, QUANT_TILE, padded_in // INT4_GROUP, 8, 4).permute(0, 2, 3, 1, 4)
+            weight.scale[start : start + len(band)] = step
+        return weight
+
+    def _tile_view(self) -> torch.Tensor:
+        """The codes as [tiles, groups, 8, TILE, 4]: per group, 8 vectors of each row's 4 bytes."""
+        return self.codes.view(len(self.codes), self.padded_in // INT4_GROUP, 8, QUANT_TILE, 4)
+
+    def row_codes(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+        """[len(rows), in] int8 codes in column order (every row by default)."""
+        ids = torch.arange(self.out_features)[rows] if isinstance(rows, slice) else rows
+        codes = self._tile_view()[ids // QUANT_TILE, :, :, ids % QUANT_TILE, :]  # [rows, groups, 8, 4]
+        return codes.reshape(len(ids), self.padded_in)[:, : self.in_features]
+
+    def bind(self, kernels: CpuKernels) -> Matmul:
+        matmul, pad = kernels.int8(self.codes, self.scale, self.out_features), self.padded_in - self.in_features
+        return matmul if pad == 0 else lambda x: matmul(F.pad(x, (0, pad)))  # the kernel reads whole groups
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
-        if self._c_matmul is not None:
-            return self._c_matmul(rows.float().contiguous())
         # bf16 activations (and so scales): the torch kernel's fp32 path measured 10-100x slower past one row.
-        return torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.codes, self._bf16_scale)
+        codes, scale = self._torch_weight
+        return torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), codes, scale)
 
     @cached_property
-    def _c_matmul(self) -> Matmul | None:
-        kernels = self.kernels if self.in_features % INT4_GROUP == 0 else None
-        return None if kernels is None else kernels.int8(self.codes, self.scale)
-
-    @cached_property
-    def _bf16_scale(self) -> torch.Tensor:
-        return self.scale.to(torch.bfloat16)
+    def _torch_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The row-major codes and bf16 scales torch's kernel takes."""
+        return self.row_codes().contiguous(), self.scale[: self.out_features].to(torch.bfloat16)
 
     def lookup(self, ids: torch.Tensor | slice) -> torch.Tensor:
-        return self.codes[ids].float() * self.scale[ids].unsqueeze(1)
-
-    def expand(self, start: int, out: torch.Tensor) -> None:
-        kernels = self.kernels if self.in_features % 16 == 0 else None
-        if kernels is not None:
-            kernels.int8_dequantize(self.codes, self.scale, start, out)
-        else:
-            out.copy_(self.lookup(slice(start, start + len(out))))
+        scale = self.scale[: self.out_features][ids]
+        return self.row_codes(ids).float() * scale.unsqueeze(1)
 
 
 def quantize_weight(w: torch.Tensor, mode: QuantMode) -> QuantizedWeight:

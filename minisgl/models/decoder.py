@@ -258,20 +258,13 @@ class DecoderForCausalLM(nn.Module):
             return None
         return kernels.fused_decoder([w for w in layers if w is not None])
 
-    @cached_property
-    def _fused_max_batch(self) -> int:
-        """Most requests the fused step takes: past the int8 kernel's crossover the layer-by-layer path,
-        whose int8 products expand their weight to bf16, is faster (int4's kernel takes any rows)."""
-        fused = self._fused_decoder
-        return min(FUSED_DECODE_MAX_BATCH, Int8Weight.max_kernel_rows) if fused and fused.has_int8 else FUSED_DECODE_MAX_BATCH
-
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, logit_rows: torch.Tensor
     ) -> torch.Tensor:
         x = self.model.embed(input_ids)
         ropes = self.model.ropes(positions, x.dtype)
         fused, paged = self._fused_decoder, ctx.paged
-        if fused is not None and paged is not None and x.dtype == torch.float32 and len(x) <= self._fused_max_batch:
+        if fused is not None and paged is not None and x.dtype == torch.float32 and len(x) <= FUSED_DECODE_MAX_BATCH:
             # The same layers in one C call (decode_layer.c): at one request the Python and small
             # ops between the kernels were a third of the step. Every layer has the same rope then.
             cos, sin = (t.reshape(len(x), -1) for t in ropes[0])  # [tokens, 1, d] broadcast rows → [tokens, d]

@@ -143,11 +143,9 @@ def apply_quantization(
     c_kernels: bool,
 ) -> None:  # fmt: skip
     """Install the planned weights: on the CPU the quantized kernels run; elsewhere (no kernel is
-    wired for CUDA yet) the module gets a dense copy of the same quantized values. On the CPU the
-    weights whose many-row products expand them (int8's; int4's without the C kernels, ``c_kernels``)
-    share one ``DequantBuffer``."""
-    expanding = {name: w for name, w in plan.items() if isinstance(w, Int8Weight) or not c_kernels}
-    buffer = _shared_buffer(expanding) if device.type == "cpu" and expanding else None
+    wired for CUDA yet) the module gets a dense copy of the same quantized values. On the CPU without
+    the C kernels (``c_kernels``), the weights share one ``DequantBuffer`` for their many-row products."""
+    buffer = _shared_buffer(plan) if device.type == "cpu" and plan and not c_kernels else None
     for spec in specs:
         weight = plan.get(spec.name)
         if weight is None:

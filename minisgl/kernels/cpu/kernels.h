@@ -20,13 +20,16 @@ enum {
 // One int4 weight [N, K], in tiles of 16 output rows (the last one padded with zero rows): codes
 // [tiles, K / 32, 4, 16, 4] uint8 (per tile and group of 32 columns, 4 vectors of each row's 4 bytes;
 // byte b of vector i holds column 4i + b in its low nibble and 16 + 4i + b in its high one), fp16 scale
-// and minimum [tiles, K / 32, 16]; w = code * scale + minimum (int4_gemm.c).
+// and minimum [tiles, K / 32, 16]; w = code * scale + minimum (quant_gemm.c).
 typedef struct {
     const uint8_t *codes;
     const uint16_t *scale, *minimum;
 } Int4;
 
-// One int8 weight: codes [N, K] int8, fp32 scale [N] (one per output row).
+// One int8 weight [N, K], in tiles of 16 output rows (the last one padded with zero rows): codes
+// [tiles, K / 32, 8, 16, 4] int8 (per tile and group of 32 columns, 8 vectors of each row's 4 bytes;
+// byte b of vector i holds column 4i + b), fp32 scale [tiles * 16] (one per row); w = code * scale
+// (quant_gemm.c).
 typedef struct {
     const int8_t *codes;
     const float *scale;
@@ -67,22 +70,16 @@ typedef struct {
 // "scalar" (the references only).
 const char *kernels_variant(void);
 
-int int8_matmul(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
-                float *y, int threads);
-int int8_matmul_ref(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
-                    float *y);
-
-// The int4 product at every row count (int4_gemm.c): x [rows, K] fp32 rounded to int8 per group of 32
-// columns, y [rows, N] fp32.
+// The quantized products at every row count (quant_gemm.c): x [rows, K] fp32 rounded to two int8
+// digits per group of 32 columns, y [rows, N] fp32.
 int int4_gemm(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
               const uint16_t *minimum, int64_t N, float *y, int threads);
 int int4_gemm_ref(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
                   const uint16_t *minimum, int64_t N, float *y);
-
-void int8_dequantize_bf16(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows,
-                          uint16_t *out, int threads);
-void int8_dequantize_bf16_ref(const int8_t *codes, const float *scale, int64_t K, int64_t row0, int64_t rows,
-                              uint16_t *out);
+int int8_gemm(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N, float *y,
+              int threads);
+int int8_gemm_ref(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
+                  float *y);
 
 // The slots and lengths are checked against `slots` (the pool's) and `stride` before anything is written.
 int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,

@@ -1,16 +1,36 @@
-// The weight-only int8 product for few rows (decode): y[r, o] = sum_k x[r, k] * w[o, k].
+// The weight-only quantized products, at every row count: y[r, o] = sum_k x[r, k] * w[o, k], on the
+// quantized weight itself, with integer dot products as llama.cpp does. Decode streams each weight
+// once; prefill and large batches run the same loops as a GEMM.
 //
-// Decode reads every weight once per step for one to a few rows of x, so this loop streams the int8
-// weight once and applies it to all rows. The products are integer dot products, as in llama.cpp,
-// with x rounded to int16 per row: vpdpwssd with AVX-512 VNNI (512-bit) or AVX-VNNI (256-bit), and
-// with AVX2 alone the same sums through vpmaddwd (simd.h's dot_s16). The plain C reference
-// (`int8_matmul_ref`) computes the same integers, summed in another order. (int4 weights have their
-// own kernel for every row count, int4_gemm.c.)
+// Both formats are stored in tiles of 16 output rows (kernels.h's Int4 and Int8), so that a register
+// holds one 4-column piece of every row of a tile (16 lanes with AVX-512, 8 with 256-bit registers: a
+// tile's two halves) and a thread reads its tiles as one sequential stream. Per tile and group of 32
+// columns:
+// - int4: 4 vectors of 16 rows x 4 bytes, byte b of vector i holding column 4i + b in its low nibble
+//   and 16 + 4i + b in its high one (each row's 16 bytes are GGUF's Q4_0 / Q4_1 codes of that group);
+//   the group's scales and minimums (fp16, per row) are stored apart: w = code * scale + minimum.
+// - int8: 8 vectors of 16 rows x 4 bytes, byte b of vector i holding column 4i + b; one fp32 scale
+//   per row, stored apart: w = code * scale.
 //
-// int8 (`int8_matmul`): int8 codes, one fp32 scale per output row, w = q * scale.
+// x is rounded once per group of 32 columns to two int8 digits, x / step ~ high + low / 256: 15 bits
+// below the group's largest value. (One digit, llama.cpp's Q8 activations, made prefill 1.5x faster
+// but halved greedy agreement with fp32: benchmarks.quality.) A register tile computes one vector of
+// output rows against up to GEMM_ROWS rows of x: a group's eight 4-column dot products per digit sum
+// in int32 per lane (vpdpbusd, unsigned by signed: int8 codes go in offset by 128, taken back out with
+// the digits' sum; with AVX2 alone vpmaddubsw + vpmaddwd, int8 codes through vpsignb) before the one
+// conversion that applies the group's step.
 //
-// Threads: output rows are split over `threads` OpenMP threads (torch's own runtime: it is loaded
-// first and shares the soname).
+// Arithmetic, the same in the references and in every SIMD body, bit for bit, and for a row of x the
+// same whatever other rows it comes with (a request computes the same alone as in a batch): per row of
+// x and group g, v = x * (127 / max |x|), high = round(v), low = round(256 (v - high)) (both int8),
+// q = 256 high + low, step = max |x| / 127 / 256, sum = step * (sum of q); then per output o, over the
+// groups in order,
+// - int4: acc = fma(dot(q, code), scale * step, acc); acc = fma(minimum, sum, acc); y = acc,
+// - int8: acc = fma(dot(q, code), step, acc); y = acc * scale,
+// the dequantized weight times the rounded x.
+//
+// Threads: the tiles are split over `threads` OpenMP threads, each a contiguous run of them; x is
+// rounded once, row by row over them.
 
 #include <math.h>
 #include <stdint.h>
@@ -18,148 +38,443 @@
 #include "kernels.h"
 #include "simd.h"
 
-#define MAX_ROWS 4       // rows of x applied per pass over the weight; more rows take several passes
-#define OUT_TILE 4       // output rows interleaved per pass: independent accumulator chains
-#define PREFETCH_ROWS 32
-#define INT8_CHUNK 4096  // columns summed in int32 before going to fp32: |x| <= 32767, |q| <= 127, and
-                         // an 8-lane body sums 512 products a lane per chunk (< 2^31)
+#define GROUP 32
+#define TILE 16        // output rows per tile of the weight
+#define GEMM_ROWS 8    // rows of x per register tile
+#define SPAN 32        // groups per pass over the rows of x: a span's codes and a register tile's x stay in L1
+#define PREFETCH 2048  // bytes ahead in a tile's codes that the loop asks for (the stream's next 4-8 groups)
 
 const char *kernels_variant(void) { return KERNELS_VARIANT; }
 
-// x rounded to int16 per row: 15 bits below its largest value, finer than bf16's 8 bits. Returns the step.
-static float prepare_int8_row(const float *x, int64_t K, int16_t *xq) {
-    float amax = 0.0f;
-    for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(x[k]));
-    const float step = amax / 32767.0f;
-    for (int64_t k = 0; k < K; k++) xq[k] = (int16_t)(amax > 0.0f ? nearbyintf(x[k] / step) : 0.0f);
-    return step;
+// One row of x rounded per group (as above): its digits q (high) and q_low [K] int8, step and sum [K / 32].
+typedef void (*RoundRow)(const float *x, int64_t K, int8_t *q, int8_t *q_low, float *step, int32_t *totals, float *sum);
+
+static void round_row_plain(const float *x, int64_t K, int8_t *q, int8_t *q_low, float *step, int32_t *totals,
+                            float *sum) {
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        const float *xg = x + g * GROUP;
+        float amax = 0.0f;
+        for (int64_t i = 0; i < GROUP; i++) amax = fmaxf(amax, fabsf(xg[i]));
+        const float s = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t total = 0;  // of the digits, 256 high + low
+        for (int64_t i = 0; i < GROUP; i++) {
+            const float v = xg[i] * inverse, high = nearbyintf(v), low = nearbyintf((v - high) * 256.0f);
+            const int8_t h = (int8_t)(high > 127.0f ? 127.0f : high < -127.0f ? -127.0f : high);
+            const int8_t l = (int8_t)(low > 127.0f ? 127.0f : low < -127.0f ? -127.0f : low);
+            q[g * GROUP + i] = h;
+            q_low[g * GROUP + i] = l;
+            total += 256 * h + l;
+        }
+        step[g] = s / 256.0f;
+        totals[g] = total;
+        sum[g] = (float)total * (s / 256.0f);
+    }
 }
 
-// ---- references ---------------------------------------------------------------------------------
+// x [rows, K] rounded: high and low digits [rows, K], steps, digit totals and sums [rows, K / 32], in
+// one buffer.
+typedef struct {
+    int8_t *codes, *low;
+    float *step, *sum;
+    int32_t *total;
+} RoundedX;
 
-int int8_matmul_ref(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
-                    float *y) {
-    int16_t *xq = malloc(sizeof(int16_t) * (size_t)(K + 1));
-    if (xq == NULL) return KERNELS_NO_MEMORY;
-    for (int64_t r = 0; r < rows; r++) {
-        const float step = prepare_int8_row(x + r * K, K, xq);
+static int round_rows(RoundRow round_row, const float *x, int64_t rows, int64_t K, Scratch *scratch, RoundedX *out,
+                      int threads) {
+    const int64_t groups = K / GROUP;
+    const size_t code_bytes = round64((size_t)(rows * K)), step_bytes = round64(sizeof(float) * (size_t)(rows * groups));
+    char *buffer = scratch_reserve(scratch, 2 * code_bytes + 3 * step_bytes);
+    if (buffer == NULL) return KERNELS_NO_MEMORY;
+    out->codes = (int8_t *)buffer;
+    out->low = (int8_t *)(buffer + code_bytes);
+    out->step = (float *)(buffer + 2 * code_bytes);
+    out->sum = (float *)(buffer + 2 * code_bytes + step_bytes);
+    out->total = (int32_t *)(buffer + 2 * code_bytes + 2 * step_bytes);
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++)
+        round_row(x + r * K, K, out->codes + r * K, out->low + r * K, out->step + r * groups, out->total + r * groups,
+                  out->sum + r * groups);
+    return KERNELS_OK;
+}
+
+// The 4-bit code of row o, column k (the layout above).
+static inline int int4_code_at(const uint8_t *codes, int64_t K, int64_t o, int64_t k) {
+    const int64_t g = k / GROUP, c = k % GROUP;
+    const uint8_t byte = codes[((o / TILE * (K / GROUP) + g) * 4 + (c % 16) / 4) * 4 * TILE + o % TILE * 4 + c % 4];
+    return c < 16 ? byte & 0x0F : byte >> 4;
+}
+
+int int4_gemm_ref(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+                  const uint16_t *minimum, int64_t N, float *y) {
+    if (K % GROUP) return KERNELS_BAD_SHAPE;
+    Scratch scratch = {0};
+    RoundedX xr;
+    if (round_rows(round_row_plain, x, rows, K, &scratch, &xr, 1)) return KERNELS_NO_MEMORY;
+    const int64_t groups = K / GROUP;
+    for (int64_t r = 0; r < rows; r++)
         for (int64_t o = 0; o < N; o++) {
-            int64_t total = 0;
-            for (int64_t k = 0; k < K; k++) total += (int64_t)codes[o * K + k] * xq[k];
-            y[r * N + o] = (float)total * step * scale[o];
+            float acc = 0.0f;
+            for (int64_t g = 0; g < groups; g++) {
+                int32_t high = 0, low = 0;
+                for (int64_t c = 0; c < GROUP; c++) {
+                    const int w = int4_code_at(codes, K, o, g * GROUP + c);
+                    high += w * xr.codes[r * K + g * GROUP + c];
+                    low += w * xr.low[r * K + g * GROUP + c];
+                }
+                const int32_t dot = high * 256 + low;
+                const int64_t at = (o / TILE * groups + g) * TILE + o % TILE;
+                acc = fmaf((float)dot, float_of_fp16(scale[at]) * xr.step[r * groups + g], acc);
+                acc = fmaf(float_of_fp16(minimum[at]), xr.sum[r * groups + g], acc);
+            }
+            y[r * N + o] = acc;
         }
-    }
-    free(xq);
+    free(scratch.data);
+    return KERNELS_OK;
+}
+
+// The 8-bit code of row o, column k (the layout above).
+static inline int int8_code_at(const int8_t *codes, int64_t K, int64_t o, int64_t k) {
+    return codes[((o / TILE * (K / GROUP) + k / GROUP) * 8 + k % GROUP / 4) * 4 * TILE + o % TILE * 4 + k % 4];
+}
+
+int int8_gemm_ref(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
+                  float *y) {
+    if (K % GROUP) return KERNELS_BAD_SHAPE;
+    Scratch scratch = {0};
+    RoundedX xr;
+    if (round_rows(round_row_plain, x, rows, K, &scratch, &xr, 1)) return KERNELS_NO_MEMORY;
+    const int64_t groups = K / GROUP;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t o = 0; o < N; o++) {
+            float acc = 0.0f;
+            for (int64_t g = 0; g < groups; g++) {
+                int32_t dot = 0;
+                for (int64_t c = 0; c < GROUP; c++) {
+                    const int64_t k = r * K + g * GROUP + c;
+                    dot += int8_code_at(codes, K, o, g * GROUP + c) * (256 * xr.codes[k] + xr.low[k]);
+                }
+                acc = fmaf((float)dot, xr.step[r * groups + g], acc);
+            }
+            y[r * N + o] = acc * scale[o];
+        }
+    free(scratch.data);
     return KERNELS_OK;
 }
 
 #if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
 
-// ---- int8 ---------------------------------------------------------------------------------------
-
 #if defined(KERNELS_AVX512)
+#define V 16
 typedef __m512 VecF;
 typedef __m512i VecI;
-#define INT8_STEP 32  // columns per register of int16
-#define vec_zero_ps _mm512_setzero_ps
-#define vec_zero_si _mm512_setzero_si512
-#define vec_add_ps _mm512_add_ps
-#define vec_cvt_ps _mm512_cvtepi32_ps
-#define vec_sum _mm512_reduce_add_ps
-#define load_codes16(p) _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p)))
-#define load_x16(p) _mm512_loadu_si512((const void *)(p))
-#define dot16(acc, a, b) _mm512_dpwssd_epi32(acc, a, b)
+#define load_si(p) _mm512_loadu_si512((const void *)(p))
+#define and_si _mm512_and_si512
+#define xor_si _mm512_xor_si512
+#define sub_32 _mm512_sub_epi32
+#define srli_16 _mm512_srli_epi16
+#define slli_32 _mm512_slli_epi32
+#define add_32 _mm512_add_epi32
+#define set1_8 _mm512_set1_epi8
+#define set1_32 _mm512_set1_epi32
+#define set1_ps _mm512_set1_ps
+#define zero_ps _mm512_setzero_ps
+#define zero_si _mm512_setzero_si512
+#define mul_ps _mm512_mul_ps
+#define fma_ps _mm512_fmadd_ps
+#define cvt_ps _mm512_cvtepi32_ps
+#define load_ps _mm512_loadu_ps
+#define store_ps _mm512_storeu_ps
+#define load_ph(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+// acc + per lane the sums of the four u8 x s8 products of (u0, s0), then of (u1, s1).
+#define dot_quads(acc, u0, s0, u1, s1) _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, u0, s0), u1, s1)
 #else
+#define V 8
 typedef __m256 VecF;
 typedef __m256i VecI;
-#define INT8_STEP 16
-#define vec_zero_ps _mm256_setzero_ps
-#define vec_zero_si _mm256_setzero_si256
-#define vec_add_ps _mm256_add_ps
-#define vec_cvt_ps _mm256_cvtepi32_ps
-#define vec_sum sum256
-#define load_codes16(p) _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p)))
-#define load_x16(p) _mm256_loadu_si256((const __m256i *)(p))
-#define dot16(acc, a, b) dot_s16(acc, a, b)
+#define load_si(p) _mm256_loadu_si256((const __m256i *)(p))
+#define and_si _mm256_and_si256
+#define xor_si _mm256_xor_si256
+#define sub_32 _mm256_sub_epi32
+#define srli_16 _mm256_srli_epi16
+#define slli_32 _mm256_slli_epi32
+#define add_32 _mm256_add_epi32
+#define set1_8 _mm256_set1_epi8
+#define set1_32 _mm256_set1_epi32
+#define set1_ps _mm256_set1_ps
+#define zero_ps _mm256_setzero_ps
+#define zero_si _mm256_setzero_si256
+#define mul_ps _mm256_mul_ps
+#define fma_ps _mm256_fmadd_ps
+#define cvt_ps _mm256_cvtepi32_ps
+#define load_ps _mm256_loadu_ps
+#define store_ps _mm256_storeu_ps
+#define load_ph(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define dot_quads(acc, u0, s0, u1, s1) _mm256_add_epi32(acc, dot2_u8s8(u0, s0, u1, s1))
+#endif
+#define PARTS (TILE / V)  // vectors of output rows per tile
+
+#if defined(KERNELS_AVX512)
+// round_row_plain in 512-bit registers: the same values (max and integer sums in another order).
+static void round_row_simd(const float *x, int64_t K, int8_t *q, int8_t *q_low, float *step, int32_t *totals,
+                           float *sum) {
+    const __m512 low_scale = _mm512_set1_ps(256.0f), top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        const __m512 halves[2] = {_mm512_loadu_ps(x + g * GROUP), _mm512_loadu_ps(x + g * GROUP + 16)};
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(halves[0]), _mm512_abs_ps(halves[1])));
+        const float s = amax / 127.0f;
+        const __m512 inverse = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m512i total = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            const __m512 v = _mm512_mul_ps(halves[h], inverse);
+            const __m512 high = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m512 low = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, high), low_scale),
+                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m512i hi = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(high, bottom), top));
+            const __m512i lo = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(low, bottom), top));
+            _mm_storeu_si128((__m128i *)(q + g * GROUP + 16 * h), _mm512_cvtepi32_epi8(hi));
+            _mm_storeu_si128((__m128i *)(q_low + g * GROUP + 16 * h), _mm512_cvtepi32_epi8(lo));
+            total = _mm512_add_epi32(total, _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo));
+        }
+        step[g] = s / 256.0f;
+        totals[g] = _mm512_reduce_add_epi32(total);
+        sum[g] = (float)totals[g] * (s / 256.0f);
+    }
+}
+#else
+static inline __m128i int8_of(__m256i v) {  // 8 int32 in -127..127 to 8 int8, in order (low 8 bytes)
+    const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    return _mm_packs_epi16(words, words);
+}
+
+// round_row_plain in 256-bit registers: the same values (max and integer sums in another order).
+static void round_row_simd(const float *x, int64_t K, int8_t *q, int8_t *q_low, float *step, int32_t *totals,
+                           float *sum) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), low_scale = _mm256_set1_ps(256.0f);
+    const __m256 top = _mm256_set1_ps(127.0f), bottom = _mm256_set1_ps(-127.0f);
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        __m256 quarter[4], m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            quarter[i] = _mm256_loadu_ps(x + g * GROUP + 8 * i);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, quarter[i]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))), s = amax / 127.0f;
+        const __m256 inverse = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m256i total = _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) {
+            const __m256 v = _mm256_mul_ps(quarter[i], inverse);
+            const __m256 high = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m256 low = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(v, high), low_scale),
+                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m256i hi = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(high, bottom), top));
+            const __m256i lo = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(low, bottom), top));
+            _mm_storel_epi64((__m128i *)(q + g * GROUP + 8 * i), int8_of(hi));
+            _mm_storel_epi64((__m128i *)(q_low + g * GROUP + 8 * i), int8_of(lo));
+            total = _mm256_add_epi32(total, _mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo));
+        }
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+        step[g] = s / 256.0f;
+        totals[g] = _mm_cvtsi128_si32(t);
+        sum[g] = (float)totals[g] * (s / 256.0f);
+    }
+}
 #endif
 
-static inline __attribute__((always_inline)) void int8_tile(
-    const int64_t T, const int64_t R, int64_t K, const int8_t *codes, const float *scale, int64_t o0, int64_t N,
-    float *y, const int16_t *xq, const float *xstep) {
-    VecF acc[OUT_TILE][MAX_ROWS];
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t r = 0; r < R; r++) acc[t][r] = vec_zero_ps();
-    for (int64_t k0 = 0; k0 < K; k0 += INT8_CHUNK) {
-        const int64_t k1 = min64(K, k0 + INT8_CHUNK);
-        VecI dot[OUT_TILE][MAX_ROWS];
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t r = 0; r < R; r++) dot[t][r] = vec_zero_si();
-        for (int64_t k = k0; k < k1; k += INT8_STEP) {
-            if (o0 + PREFETCH_ROWS + T <= N && k % 64 == 0)
-                for (int64_t t = 0; t < T; t++) _mm_prefetch((const char *)(codes + (o0 + PREFETCH_ROWS + t) * K + k), _MM_HINT_T0);
-            for (int64_t t = 0; t < T; t++) {
-                const VecI w = load_codes16(codes + (o0 + t) * K + k);
-                for (int64_t r = 0; r < R; r++) dot[t][r] = dot16(dot[t][r], w, load_x16(xq + r * K + k));
+static inline int32_t quad_of(const int8_t *q) {
+    int32_t v;
+    memcpy(&v, q, sizeof v);
+    return v;
+}
+
+// Where one vector of output rows is: part `part` of tile `tile`.
+typedef struct {
+    const uint8_t *codes;             // its group 0's first vector; a group further is 4 * BITS * TILE bytes on
+    const uint16_t *scale, *minimum;  // int4: its group 0's; a group further is TILE values on
+    const float *row_scale;           // int8: its rows'
+    int64_t o0, live;                 // its first output row, and how many of its lanes are rows (the rest pad)
+} Rows;
+
+static inline Rows rows_of(int bits, const void *codes, const void *scale, const uint16_t *minimum, int64_t groups,
+                           int64_t N, int64_t tile, int64_t part) {
+    const int64_t o0 = tile * TILE + part * V, at = tile * groups * TILE + part * V;
+    Rows rows = {(const uint8_t *)codes + tile * groups * 4 * bits * TILE + part * V * 4, NULL, NULL, NULL, o0,
+                 min64(V, N - o0)};
+    if (bits == 4) {
+        rows.scale = (const uint16_t *)scale + at;
+        rows.minimum = minimum + at;
+    } else {
+        rows.row_scale = (const float *)scale + o0;
+    }
+    return rows;
+}
+
+// A group's dot products of int8 codes (signed) with x's digits: vpdpbusd takes them offset by 128
+// (unsigned), the offset times the digits' sum taken back out after.
+#if defined(KERNELS_AVX512)
+#define SIGNED_OFFSET 1
+#define dot_signed(acc, w, x) _mm512_dpbusd_epi32(acc, w, x)
+#elif defined(KERNELS_AVXVNNI)
+#define SIGNED_OFFSET 1
+#define dot_signed(acc, w, x) _mm256_dpbusd_avx_epi32(acc, w, x)
+#else
+#define SIGNED_OFFSET 0
+// |x| times w with x's sign: |x| <= 127, so a pair's sum stays inside int16.
+static inline __m256i dot_signed(__m256i acc, __m256i w, __m256i x) {
+    const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(w, x));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+#endif
+
+// R rows of x from r0 against one vector of BITS-bit output rows (both compile-time constants: always
+// inlined with literals), over groups g0 .. g1: the sums go on from y's where g0 > 0 (the same chain
+// of fmas as in one pass).
+static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, const int BITS, int64_t K, const Rows *w,
+                                                            const RoundedX *x, int64_t r0, int64_t g0, int64_t g1,
+                                                            int64_t N, float *y) {
+    const int64_t groups = K / GROUP, group_bytes = 4 * BITS * TILE;
+    const VecI nibble = set1_8(0x0F);
+    VecF acc[GEMM_ROWS];
+    for (int64_t r = 0; r < R; r++) {
+        if (g0 == 0) {
+            acc[r] = zero_ps();
+        } else {
+            float lanes[V] = {0};
+            memcpy(lanes, y + (r0 + r) * N + w->o0, sizeof(float) * (size_t)w->live);
+            acc[r] = load_ps(lanes);
+        }
+    }
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *codes = w->codes + g * group_bytes;
+        for (int64_t line = 0; line < group_bytes; line += 64) _mm_prefetch((const char *)(codes + PREFETCH + line), _MM_HINT_T0);
+        VecI quads[8];  // int4: the 4 low-nibble quads, then the 4 high-nibble ones
+        for (int64_t i = 0; i < 4 * BITS / 4; i++) {
+            const VecI v = load_si(codes + i * 4 * TILE);
+            if (BITS == 4) {
+                quads[i] = and_si(v, nibble);
+                quads[4 + i] = and_si(srli_16(v, 4), nibble);
+            } else {
+                quads[i] = SIGNED_OFFSET ? xor_si(v, set1_8((char)0x80)) : v;
             }
         }
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t r = 0; r < R; r++) acc[t][r] = vec_add_ps(acc[t][r], vec_cvt_ps(dot[t][r]));
-    }
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t r = 0; r < R; r++) y[r * N + o0 + t] = vec_sum(acc[t][r]) * xstep[r] * scale[o0 + t];
-}
-
-#define INT8_ROWS(R)                                                                                        \
-    static void int8_rows_##R(int64_t K, const int8_t *codes, const float *scale, int64_t begin, int64_t end, \
-                              int64_t N, float *y, const int16_t *xq, const float *xstep) {                  \
-        int64_t o = begin;                                                                                  \
-        for (; o + OUT_TILE <= end; o += OUT_TILE) int8_tile(OUT_TILE, R, K, codes, scale, o, N, y, xq, xstep); \
-        for (; o < end; o++) int8_tile(1, R, K, codes, scale, o, N, y, xq, xstep);                         \
-    }
-INT8_ROWS(1)
-INT8_ROWS(2)
-INT8_ROWS(3)
-INT8_ROWS(4)
-
-static int int8_block(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
-                      float *y, int threads) {
-    static _Thread_local Scratch scratch;
-    int16_t *xq = scratch_reserve(&scratch, sizeof(int16_t) * (size_t)(rows * K));
-    if (xq == NULL) return KERNELS_NO_MEMORY;
-    float xstep[MAX_ROWS];
-    for (int64_t r = 0; r < rows; r++) xstep[r] = prepare_int8_row(x + r * K, K, xq + r * K);
-    // Tiles of 64 output rows: the LM head's 49k rows split evenly, each thread streaming its own.
-    const int64_t span = 64, spans = (N + span - 1) / span;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t i = 0; i < spans; i++) {
-        const int64_t begin = i * span, end = min64(begin + span, N);
-        switch (rows) {
-            case 1: int8_rows_1(K, codes, scale, begin, end, N, y, xq, xstep); break;
-            case 2: int8_rows_2(K, codes, scale, begin, end, N, y, xq, xstep); break;
-            case 3: int8_rows_3(K, codes, scale, begin, end, N, y, xq, xstep); break;
-            default: int8_rows_4(K, codes, scale, begin, end, N, y, xq, xstep); break;
+        VecF s = zero_ps(), m = zero_ps();
+        if (BITS == 4) {
+            s = load_ph(w->scale + g * TILE);
+            m = load_ph(w->minimum + g * TILE);
+        }
+        for (int64_t r = 0; r < R; r++) {
+            VecI digit[2];
+            for (int d = 0; d < 2; d++) {
+                const int8_t *q = (d ? x->low : x->codes) + (r0 + r) * K + g * GROUP;
+                VecI dot = zero_si();
+                for (int i = 0; i < 8; i += 2)
+                    dot = BITS == 4 ? dot_quads(dot, quads[i], set1_32(quad_of(q + 4 * i)), quads[i + 1], set1_32(quad_of(q + 4 * i + 4)))
+                                    : dot_signed(dot_signed(dot, quads[i], set1_32(quad_of(q + 4 * i))), quads[i + 1], set1_32(quad_of(q + 4 * i + 4)));
+                digit[d] = dot;
+            }
+            VecI dot = add_32(slli_32(digit[0], 8), digit[1]);
+            const int64_t at = (r0 + r) * groups + g;
+            if (BITS == 4) {
+                acc[r] = fma_ps(cvt_ps(dot), mul_ps(s, set1_ps(x->step[at])), acc[r]);
+                acc[r] = fma_ps(m, set1_ps(x->sum[at]), acc[r]);
+            } else {
+                if (SIGNED_OFFSET) dot = sub_32(dot, set1_32(128 * x->total[at]));
+                acc[r] = fma_ps(cvt_ps(dot), set1_ps(x->step[at]), acc[r]);
+            }
         }
     }
+    for (int64_t r = 0; r < R; r++) {
+        if (BITS == 8 && g1 == groups) {
+            float scales[V] = {0};
+            memcpy(scales, w->row_scale, sizeof(float) * (size_t)w->live);
+            acc[r] = mul_ps(acc[r], load_ps(scales));
+        }
+        float *out = y + (r0 + r) * N + w->o0;
+        if (w->live == V) {
+            store_ps(out, acc[r]);
+        } else {
+            float lanes[V];
+            store_ps(lanes, acc[r]);
+            memcpy(out, lanes, sizeof(float) * (size_t)w->live);
+        }
+    }
+}
+
+typedef void (*TileFn)(int64_t, const Rows *, const RoundedX *, int64_t, int64_t, int64_t, int64_t, float *);
+#define GEMM_TILE(R, BITS)                                                                                  \
+    static void gemm_tile_##R##_##BITS(int64_t K, const Rows *w, const RoundedX *x, int64_t r0, int64_t g0, \
+                                       int64_t g1, int64_t N, float *y) {                                  \
+        gemm_tile(R, BITS, K, w, x, r0, g0, g1, N, y);                                                      \
+    }
+#define GEMM_TILES(BITS)                                                                                      \
+    GEMM_TILE(1, BITS)                                                                                        \
+    GEMM_TILE(2, BITS)                                                                                        \
+    GEMM_TILE(3, BITS)                                                                                        \
+    GEMM_TILE(4, BITS)                                                                                        \
+    GEMM_TILE(5, BITS)                                                                                        \
+    GEMM_TILE(6, BITS)                                                                                        \
+    GEMM_TILE(7, BITS)                                                                                        \
+    GEMM_TILE(8, BITS)                                                                                        \
+    static const TileFn gemm_tiles_##BITS[GEMM_ROWS + 1] = {                                                  \
+        NULL, gemm_tile_1_##BITS, gemm_tile_2_##BITS, gemm_tile_3_##BITS, gemm_tile_4_##BITS, gemm_tile_5_##BITS, \
+        gemm_tile_6_##BITS, gemm_tile_7_##BITS, gemm_tile_8_##BITS};
+GEMM_TILES(4)
+GEMM_TILES(8)
+
+// Every row of x against every tile of a BITS-bit weight (rows_of's codes, scale, minimum).
+static int gemm(int bits, const float *x, int64_t rows, int64_t K, const void *codes, const void *scale,
+                const uint16_t *minimum, int64_t N, float *y, int threads) {
+    if (K % GROUP) return KERNELS_BAD_SHAPE;
+    static _Thread_local Scratch x_scratch;
+    RoundedX xr;
+    if (round_rows(round_row_simd, x, rows, K, &x_scratch, &xr, threads)) return KERNELS_NO_MEMORY;
+    const TileFn *tiles_of = bits == 4 ? gemm_tiles_4 : gemm_tiles_8;
+    const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE;
+    // One register tile of rows reads each code once: no span of groups, so a tile's codes are one stream.
+    const int64_t span = rows > GEMM_ROWS ? SPAN : groups;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t t = 0; t < tiles; t++)
+        for (int64_t g0 = 0; g0 < groups; g0 += span) {
+            const int64_t g1 = min64(g0 + span, groups);
+            for (int64_t r0 = 0; r0 < rows; r0 += GEMM_ROWS) {
+                const TileFn run = tiles_of[min64(GEMM_ROWS, rows - r0)];
+                for (int64_t part = 0; part < PARTS; part++) {
+                    const Rows w = rows_of(bits, codes, scale, minimum, groups, N, t, part);
+                    if (w.live > 0) run(K, &w, &xr, r0, g0, g1, N, y);
+                }
+            }
+        }
     return KERNELS_OK;
 }
 
-// x: [rows, K] fp32 (K a multiple of 32), codes: [N, K] int8, scale: [N] fp32, y: [rows, N] fp32.
-int int8_matmul(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
-                float *y, int threads) {
-    if (K % 32) return KERNELS_BAD_SHAPE;
-    for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
-        const int failed = int8_block(x + r0 * K, min64(MAX_ROWS, rows - r0), K, codes, scale, N, y + r0 * N, threads);
-        if (failed) return failed;
-    }
-    return KERNELS_OK;
+// x: [rows, K] fp32 (K a multiple of 32), codes / scale / minimum: the tiles of an [N, K] weight
+// (kernels.h's Int4), y: [rows, N] fp32.
+int int4_gemm(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+              const uint16_t *minimum, int64_t N, float *y, int threads) {
+    return gemm(4, x, rows, K, codes, scale, minimum, N, y, threads);
+}
+
+// x: [rows, K] fp32 (K a multiple of 32), codes / scale: the tiles of an [N, K] weight (kernels.h's
+// Int8), y: [rows, N] fp32.
+int int8_gemm(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N, float *y,
+              int threads) {
+    return gemm(8, x, rows, K, codes, scale, NULL, N, y, threads);
 }
 
 #else  // no SIMD: the references are the bodies
 
-int int8_matmul(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
-                float *y, int threads) {
+int int4_gemm(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+              const uint16_t *minimum, int64_t N, float *y, int threads) {
     (void)threads;
-    return int8_matmul_ref(x, rows, K, codes, scale, N, y);
+    return int4_gemm_ref(x, rows, K, codes, scale, minimum, N, y);
+}
+
+int int8_gemm(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N, float *y,
+              int threads) {
+    (void)threads;
+    return int8_gemm_ref(x, rows, K, codes, scale, N, y);
 }
 
 #endif
