@@ -1,11 +1,11 @@
-"""Where the quantized weights' product paths cross: the kernels (``QuantizedWeight.kernel``: int4's C
-kernel at every row count, ``int4_gemm.c``; int8's few-row C kernel, ``quant_gemm.c``; torch's with
-``--kernels torch``) against the weight expanded to bf16 and torch's bf16 GEMM (the base
-``QuantizedWeight.many_rows``), at several row counts, on the projections of the default model and
-of a 1.7B one (SmolLM2-1.7B's shapes). Dense packed bf16 and fp32 products are printed beside them.
-``INT4_MAX_KERNEL_ROWS`` / ``INT8_MAX_KERNEL_ROWS`` (``minisgl/tuning.py``) are set from this.
+"""The quantized weights' product paths per weight, at several row counts, on the projections of the
+default model and of a 1.7B one (SmolLM2-1.7B's shapes): the C kernel (``quant_gemm.c``, every row
+count), torch's weight-only kernel and the weight expanded to bf16 with torch's bf16 GEMM (the
+fallback without the C kernels), and dense packed bf16 and fp32 products beside them.
+``INT4_MAX_KERNEL_ROWS`` / ``INT8_MAX_KERNEL_ROWS`` (``minisgl/tuning.py``: where torch's kernel stops
+beating the expansion) are set from the "torch faster" column.
 
-Run: python -m benchmarks.many_rows [--rows 1 8 16 32 64 512] [--threads N] [--kernels auto|torch|c:avx2 ...]
+Run: python -m benchmarks.many_rows [--rows 1 8 16 32 64 512] [--threads N] [--kernels auto|c:avx2 ...]
 """
 
 from __future__ import annotations
@@ -51,18 +51,24 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 24, 32, 64, 128, 512])
     parser.add_argument("--sizes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--kernels", default="auto", choices=KERNEL_CHOICES, help="EngineConfig.kernels: c:avx2 forces that build")
+    parser.add_argument(
+        "--kernels", default="auto", choices=KERNEL_CHOICES, help="EngineConfig.kernels: c:avx2 forces that build"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     kernels = resolve_kernels(args.kernels)
     flags = cpu_flags()
     print(f"# machine: {machine_info(torch.get_num_threads())['cpu']}, {torch.get_num_threads()} threads")
-    print(f"# code path: C kernels {kernels.variant.description if kernels else 'no (torch fallback)'}; AMX "
-          f"{'yes' if 'amx_bf16' in flags else 'no'}; AVX-512 BF16 {'yes' if 'avx512_bf16' in flags else 'no'}")
+    print(
+        f"# code path: C kernels {kernels.variant.description if kernels else 'no (torch fallback)'}; AMX "
+        f"{'yes' if 'amx_bf16' in flags else 'no'}; AVX-512 BF16 {'yes' if 'avx512_bf16' in flags else 'no'}"
+    )
     print(f"# load average at start: {load_average()}")
-    print("| size | weight | format | rows | kernel ms | bf16 expansion ms | dense bf16 ms | dense fp32 ms | faster |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| size | weight | format | rows | C kernel ms | torch kernel ms | bf16 expansion ms | dense bf16 ms | dense fp32 ms | torch faster |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     torch.manual_seed(0)
     with torch.inference_mode():
         for size in args.sizes:
@@ -73,17 +79,22 @@ def main() -> None:
                     quantized.append(("int8", Int8Weight.quantize(w)))
                 bf16, fp32 = dense_linear(w.bfloat16()), dense_linear(w.clone())
                 for fmt, q in quantized:
-                    q.buffer, q.kernels = DequantBuffer(min(n * k, DEQUANT_BUFFER_ELEMENTS)), kernels
+                    q.buffer = DequantBuffer(min(n * k, DEQUANT_BUFFER_ELEMENTS))
+                    c_matmul = q.bind(kernels) if kernels is not None else None
                     for rows in args.rows:
                         x = torch.randn(rows, k)
                         xb = x.bfloat16()
+                        t_c = seconds(lambda: c_matmul(x)) if c_matmul is not None else float("nan")
                         t_kernel = seconds(lambda: q.kernel(x))
-                        t_many = seconds(lambda: QuantizedWeight.many_rows(q, x))
+                        t_many = seconds(lambda: q.many_rows(x))
                         t_bf16 = seconds(lambda: bf16(xb))
                         t_fp32 = seconds(lambda: fp32(x))
                         faster = "kernel" if t_kernel < t_many else "expansion"
-                        print(f"| {size} | {name} | {fmt} | {rows} | {t_kernel * 1e3:.2f} | {t_many * 1e3:.2f} | "
-                              f"{t_bf16 * 1e3:.2f} | {t_fp32 * 1e3:.2f} | {faster} |", flush=True)
+                        print(
+                            f"| {size} | {name} | {fmt} | {rows} | {t_c * 1e3:.2f} | {t_kernel * 1e3:.2f} | "
+                            f"{t_many * 1e3:.2f} | {t_bf16 * 1e3:.2f} | {t_fp32 * 1e3:.2f} | {faster} |",
+                            flush=True,
+                        )
     print(f"# load average at end: {load_average()}")
 
 

@@ -5,7 +5,7 @@
    (short prompts, many output tokens, 32 at a time) for each mode (dtype and quantization), and
    reports achieved prefill FLOP/s and decode bytes/s (weights + KV read per step) as a fraction of
    the ceilings. The weight bytes are those each ``Linear`` reads at that batch: its quantized
-   weight where the batch takes the kernel, its dense one past ``max_kernel_rows``.
+   weight where a kernel takes the batch (the C kernels take any), its bf16 expansion past torch's ``max_kernel_rows``.
 3. Profiles both workloads (torch.profiler) and prints the top operators.
 4. Greedy agreement of each mode with the first (fp32 without quantization: token-exact with transformers).
 
@@ -47,14 +47,17 @@ def layer_params(llm: LLM) -> int:
 
 def weight_bytes_per_step(llm: LLM, rows: int) -> int:
     """Bytes of weights a forward pass of ``rows`` rows reads: each linear layer's quantized buffers
-    if it takes the kernel at that many rows, else its dense weight (the embedding is a lookup)."""
+    where a kernel takes that many rows (the C kernels take any), else the bf16 weight it is expanded
+    to, or its dense weight (the embedding is a lookup)."""
     total = 0
     for module in llm.scheduler.engine.model.modules():
         if not isinstance(module, Linear):
             continue
         q = module.quantized
-        if q is not None and rows <= q.max_kernel_rows:
+        if q is not None and (q.kernels is not None or rows <= q.max_kernel_rows):
             total += sum(b.numel() * b.element_size() for b in q.buffers())
+        elif q is not None:
+            total += q.out_features * q.in_features * 2
         else:
             total += module.weight.numel() * module.weight.element_size()
     return total

@@ -8,18 +8,15 @@ weight (with its group scales) against fp32's 4. Two formats:
   w = q * scale + minimum: GGUF's Q4_0, Q4_1 and Q4_K store exactly this.
 - ``Int8Weight``: 8-bit symmetric codes with one scale per output row.
 
-Two product paths, chosen by the number of rows (``max_kernel_rows``: ``minisgl/tuning.py``'s
-crossovers, measured by ``benchmarks/many_rows.py``):
-
-- few rows (decode): ``minisgl/kernels/cpu/quant_gemm.c`` multiplies them with fp32 rows (integer
-  dot products with AVX-512 VNNI, AVX-VNNI or AVX2, as llama.cpp does). Without it, torch's own CPU
-  kernels run instead (``aten._weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm``: bf16
-  activations and two casts a product), their packed copies made on first use.
-- many rows (prefill, large decode batches), where the arithmetic sets the time: int4 runs the C
-  kernels' GEMM on its codes (``int4_gemm.c``: x rounded to int8 per group of 32, integer dot
-  products). int8, and int4 without the C kernels, expand the weight to bf16 a band of output rows
-  at a time into one ``DequantBuffer`` shared by every layer (``dequantize.c``, or torch), and
-  torch's bf16 GEMM runs on it (oneDNN, which uses AMX where the CPU has it).
+Both are stored in tiles of 16 output rows (kernels.h's Int4 / Int8): ``minisgl/kernels/cpu/quant_gemm.c``
+multiplies them with fp32 rows at every row count, decode and prefill alike (integer dot products with
+AVX-512 VNNI, AVX-VNNI or AVX2, as llama.cpp does; x rounded to two int8 digits per group of 32), each
+row the same whatever the batch. Without the C kernels, torch's run instead: its weight-only kernels
+(``aten._weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm``: bf16 activations, their packed
+copies made on first use) for up to ``max_kernel_rows`` rows (``minisgl/tuning.py``, measured by
+``benchmarks/many_rows.py``), and past them the weight expanded to bf16 a band of output rows at a
+time into one ``DequantBuffer`` shared by every layer, then torch's bf16 GEMM (oneDNN, which uses
+AMX where the CPU has it).
 
 Off the CPU the loader keeps dense dequantized weights instead (``dequantize``).
 """
@@ -43,7 +40,7 @@ _INT4_INNER_K_TILES = 2  # torch's int4 packing's tile parameter (2, 4 or 8; 2 d
 
 
 class DequantBuffer:
-    """The bf16 buffer that the many-row products of every quantized weight expand their weight into,
+    """The bf16 buffer that torch's many-row products (no C kernels) expand every quantized weight into,
     a band of output rows at a time: what those products add to memory is its size, not the model's."""
 
     def __init__(self, elements: int) -> None:

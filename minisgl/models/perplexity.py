@@ -1,7 +1,7 @@
 """Perplexity of a loaded model on a text, to measure what a quantization mode costs in quality.
 
-The text is fed in chunks of a few tokens, as decode and small prefills run, so quantized layers
-take their kernels' path (``QuantizedWeight.max_kernel_rows``) rather than the dense fallback.
+The text is fed in chunks of a few tokens, as decode and small prefills run (the C kernels compute a
+row the same at any row count; without them, torch's kernels run up to ``QuantizedWeight.max_kernel_rows``).
 """
 
 from __future__ import annotations
