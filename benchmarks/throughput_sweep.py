@@ -7,6 +7,7 @@ its ratio between batch sizes is the decode scaling. Decode tokens that ride alo
 pass are left out: that pass's time is mostly prefill.
 
 Run: python -m benchmarks.throughput_sweep [--prompts 32] [--prompt-len 128] [--output-len 32] [--batch-sizes 1 4 16 32]
+     [--dtype float32] [--quantization auto]
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 32])
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--quantization", default="auto", help="EngineConfig.quantization (auto: a GGUF in its own precision)"
+    )
     args = parser.parse_args()
 
     print(machine_info(torch.get_num_threads()))
@@ -35,12 +39,17 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True)
     pages = args.prompts * (args.prompt_len + args.output_len)
-    print(f"\n{args.prompts} prompts x {args.prompt_len} tokens -> {args.output_len} tokens, {args.dtype}")
+    print(
+        f"\n{args.prompts} prompts x {args.prompt_len} tokens -> {args.output_len} tokens, {args.dtype}, quantization {args.quantization}"
+    )
     print(f"{'batch':>5} {'seconds':>8} {'req/s':>7} {'prompt tok/s':>13} {'gen tok/s':>10} {'decode tok/s':>13}")
     prompts: list[list[int]] = []
     decode_rates: dict[int, float] = {}
     for batch_size in args.batch_sizes:
-        llm = LLM(args.model, dtype=args.dtype, cache_type="naive", max_running_req=batch_size, num_page_override=pages)
+        llm = LLM(
+            args.model, dtype=args.dtype, quantization=args.quantization, cache_type="naive",
+            max_running_req=batch_size, num_page_override=pages,
+        )  # fmt: skip
         if not prompts:
             vocab = llm.scheduler.vocab_size
             prompts = [torch.randint(100, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(args.prompts)]

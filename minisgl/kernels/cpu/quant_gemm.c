@@ -41,6 +41,7 @@
 #define GROUP 32
 #define TILE 16        // output rows per tile of the weight
 #define GEMM_ROWS 8    // rows of x per register tile
+#define BLOCK_TILES 8  // tiles a register tile of x runs against while in L1 (their span's codes: L2)
 #define SPAN 32        // groups per pass over the rows of x: a span's codes and a register tile's x stay in L1
 #define PREFETCH 2048  // bytes ahead in a tile's codes that the loop asks for (the stream's next 4-8 groups)
 
@@ -434,18 +435,25 @@ static int gemm(int bits, const float *x, int64_t rows, int64_t K, const void *c
     const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE;
     // One register tile of rows reads each code once: no span of groups, so a tile's codes are one stream.
     const int64_t span = rows > GEMM_ROWS ? SPAN : groups;
+    // Each register tile of x is run against a block of up to BLOCK_TILES tiles while it is in L1; the
+    // blocks come in a multiple of the threads, so that each thread gets the same number.
+    const int64_t blocks = threads * ((tiles + threads * BLOCK_TILES - 1) / (threads * BLOCK_TILES));
+    const int64_t block = (tiles + blocks - 1) / blocks;
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t t = 0; t < tiles; t++)
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t t0 = b * block, t1 = min64(t0 + block, tiles);
         for (int64_t g0 = 0; g0 < groups; g0 += span) {
             const int64_t g1 = min64(g0 + span, groups);
             for (int64_t r0 = 0; r0 < rows; r0 += GEMM_ROWS) {
                 const TileFn run = tiles_of[min64(GEMM_ROWS, rows - r0)];
-                for (int64_t part = 0; part < PARTS; part++) {
-                    const Rows w = rows_of(bits, codes, scale, minimum, groups, N, t, part);
-                    if (w.live > 0) run(K, &w, &xr, r0, g0, g1, N, y);
-                }
+                for (int64_t t = t0; t < t1; t++)
+                    for (int64_t part = 0; part < PARTS; part++) {
+                        const Rows w = rows_of(bits, codes, scale, minimum, groups, N, t, part);
+                        if (w.live > 0) run(K, &w, &xr, r0, g0, g1, N, y);
+                    }
             }
         }
+    }
     return KERNELS_OK;
 }
 
