@@ -82,13 +82,18 @@ def profile_table(llm: LLM, prompts: list[list[int]], params: SamplingParams, ro
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--modes", nargs="+", default=["float32/none", "float32/auto", "bfloat16/none"], help="dtype/quantization")
-    parser.add_argument("--kernels", default="auto", choices=KERNEL_CHOICES, help="EngineConfig.kernels: c:avx2 forces that build")
+    parser.add_argument(
+        "--modes", nargs="+", default=["float32/none", "float32/auto", "bfloat16/none"], help="dtype/quantization"
+    )
+    parser.add_argument(
+        "--kernels", default="auto", choices=KERNEL_CHOICES, help="EngineConfig.kernels: c:avx2 forces that build"
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/roofline.md"))
     args = parser.parse_args()
 
     lines = [
-        f"# Roofline\n\nMachine: `{machine_info(torch.get_num_threads())}`\n", f"Kernels: {args.kernels}\n",
+        f"# Roofline\n\nMachine: `{machine_info(torch.get_num_threads())}`\n",
+        f"Kernels: {args.kernels}\n",
         f"Load average at start: {load_average()}\n",
     ]
     peak = measure()
@@ -97,7 +102,9 @@ def main() -> None:
         f"memory read {peak['read_gbps']:.1f} GB/s\n"
     )
     g = torch.Generator().manual_seed(0)
-    lines.append("| dtype / quantization | prefill tok/s | prefill GFLOP/s | of matmul peak | decode tok/s (32 running) | decode GB/s | of bandwidth | greedy agreement with the first |")
+    lines.append(
+        "| dtype / quantization | prefill tok/s | prefill GFLOP/s | of matmul peak | decode tok/s (32 running) | decode GB/s | of bandwidth | greedy agreement with the first |"
+    )
     lines.append("|---|---|---|---|---|---|---|---|")
     reference: list[list[int]] = []
     profiles: list[str] = []
@@ -113,7 +120,9 @@ def main() -> None:
         pre = run_workload(llm, prefill_prompts, SamplingParams(max_tokens=1))
         dec = run_workload(llm, decode_prompts, SamplingParams(max_tokens=64, ignore_eos=True))
         itemsize = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
-        flops = 2 * layer_params(llm) * pre["prefill_tokens"] + 2 * cfg.vocab_size * cfg.hidden_size * len(prefill_prompts)
+        flops = 2 * layer_params(llm) * pre["prefill_tokens"] + 2 * cfg.vocab_size * cfg.hidden_size * len(
+            prefill_prompts
+        )
         prefill_gflops = flops / pre["prefill_seconds"] / 1e9
         weight_bytes = weight_bytes_per_step(llm, rows=len(decode_prompts))
         kv_bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
@@ -130,8 +139,12 @@ def main() -> None:
             f"{prefill_gflops / peak[peak_key]:.0%} | {decode_tps:.0f} | {decode_gbps:.1f} | "
             f"{decode_gbps / peak['read_gbps']:.0%} | {agree}/{len(reference)} |"
         )
-        profiles.append(f"\n## Profile, {mode}, prefill-heavy (8 x 512 tokens)\n\n```\n{profile_table(llm, prefill_prompts, SamplingParams(max_tokens=1))}\n```")
-        profiles.append(f"\n## Profile, {mode}, decode-heavy (32 x 32 tokens -> 64)\n\n```\n{profile_table(llm, decode_prompts, SamplingParams(max_tokens=64, ignore_eos=True))}\n```")
+        profiles.append(
+            f"\n## Profile, {mode}, prefill-heavy (8 x 512 tokens)\n\n```\n{profile_table(llm, prefill_prompts, SamplingParams(max_tokens=1))}\n```"
+        )
+        profiles.append(
+            f"\n## Profile, {mode}, decode-heavy (32 x 32 tokens -> 64)\n\n```\n{profile_table(llm, decode_prompts, SamplingParams(max_tokens=64, ignore_eos=True))}\n```"
+        )
         llm.shutdown()
     lines.append(f"\nLoad average at end: {load_average()}\n")
     text = "\n".join(lines + profiles) + "\n"

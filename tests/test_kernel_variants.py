@@ -111,7 +111,9 @@ def test_int4_product_is_its_reference_bit_for_bit(kernels: CpuKernels, n: int, 
         y = simd(x)
         assert y.shape == (rows, n)
         assert torch.equal(y, reference(x)), rows  # the same integers, the same chain of fmas per output
-        assert relative_error(y, rounded_per_group(x).double() @ weight.dequantize().double().T) < REFERENCE_TOLERANCE, rows
+        assert (
+            relative_error(y, rounded_per_group(x).double() @ weight.dequantize().double().T) < REFERENCE_TOLERANCE
+        ), rows
         assert torch.equal(simd(x[-1:]), y[-1:]), rows  # a row alone is the row in a batch
     x = torch.zeros(3, k)  # an all-zero group: step 0, no division by it
     assert torch.equal(simd(x), torch.zeros(3, n))
@@ -129,7 +131,10 @@ def test_int8_product_is_its_reference_bit_for_bit(kernels: CpuKernels, n: int, 
         y = weight(x)
         padded = torch.nn.functional.pad(x, (0, weight.padded_in - k))
         assert torch.equal(y, reference(padded)), rows
-        assert relative_error(y, rounded_per_group(padded)[:, :k].double() @ weight.dequantize().double().T) < REFERENCE_TOLERANCE, rows
+        assert (
+            relative_error(y, rounded_per_group(padded)[:, :k].double() @ weight.dequantize().double().T)
+            < REFERENCE_TOLERANCE
+        ), rows
         assert torch.equal(weight(x[-1:]), y[-1:]), rows  # a row alone is the row in a batch
 
 

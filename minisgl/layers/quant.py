@@ -124,6 +124,11 @@ class QuantizedWeight(nn.Module):
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.lookup(slice(None)).to(dtype)
 
+    def _row_index(self, rows: torch.Tensor | slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tile and the lane in it of each of ``rows`` (ids or a slice of the output rows)."""
+        ids = torch.arange(self.out_features)[rows] if isinstance(rows, slice) else rows
+        return ids // QUANT_TILE, ids % QUANT_TILE
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
 
@@ -200,10 +205,6 @@ class Int4Weight(QuantizedWeight):
             self.scale.view(tiles, self.groups, QUANT_TILE),
             self.minimum.view(tiles, self.groups, QUANT_TILE),
         )
-
-    def _row_index(self, rows: torch.Tensor | slice) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = torch.arange(self.out_features)[rows] if isinstance(rows, slice) else rows
-        return ids // QUANT_TILE, ids % QUANT_TILE
 
     def group_scales(self, rows: torch.Tensor | slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
         """[len(rows), in / 32] fp16 scales and minimums, row by row (every row by default)."""
@@ -330,7 +331,9 @@ class Int8Weight(QuantizedWeight):
         rows at a time: a vocabulary-sized weight's fp32 temporaries would otherwise double its size."""
         out_features, in_features = w.shape
         tiles, padded_in = -(-out_features // QUANT_TILE), -(-in_features // INT4_GROUP) * INT4_GROUP
-        weight = cls(torch.zeros(tiles, QUANT_TILE * padded_in, dtype=torch.int8), torch.zeros(tiles * QUANT_TILE), *w.shape)
+        weight = cls(
+            torch.zeros(tiles, QUANT_TILE * padded_in, dtype=torch.int8), torch.zeros(tiles * QUANT_TILE), *w.shape
+        )
         codes = weight._tile_view()
         for start in range(0, out_features, _QUANTIZE_BAND):  # a multiple of the tile
             band = w[start : start + _QUANTIZE_BAND].float()
@@ -339,7 +342,9 @@ class Int8Weight(QuantizedWeight):
             band_codes = torch.zeros(rows, padded_in, dtype=torch.int8)
             band_codes[: len(band), :in_features] = (band / step.unsqueeze(1)).round_().clamp_(-127, 127)
             t0 = start // QUANT_TILE
-            codes[t0 : t0 + rows // QUANT_TILE] = band_codes.view(-1, QUANT_TILE, padded_in // INT4_GROUP, 8, 4).permute(0, 2, 3, 1, 4)
+            codes[t0 : t0 + rows // QUANT_TILE] = band_codes.view(
+                -1, QUANT_TILE, padded_in // INT4_GROUP, 8, 4
+            ).permute(0, 2, 3, 1, 4)
             weight.scale[start : start + len(band)] = step
         return weight
 
@@ -349,9 +354,9 @@ class Int8Weight(QuantizedWeight):
 
     def row_codes(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
         """[len(rows), in] int8 codes in column order (every row by default)."""
-        ids = torch.arange(self.out_features)[rows] if isinstance(rows, slice) else rows
-        codes = self._tile_view()[ids // QUANT_TILE, :, :, ids % QUANT_TILE, :]  # [rows, groups, 8, 4]
-        return codes.reshape(len(ids), self.padded_in)[:, : self.in_features]
+        tile, lane = self._row_index(rows)
+        codes = self._tile_view()[tile, :, :, lane, :]  # [rows, groups, 8, 4]
+        return codes.reshape(len(tile), self.padded_in)[:, : self.in_features]
 
     def bind(self, kernels: CpuKernels) -> Matmul:
         matmul, pad = kernels.int8(self.codes, self.scale, self.out_features), self.padded_in - self.in_features

@@ -97,7 +97,9 @@ def mlp(cfg: ModelConfig, layer_id: int, tp: TPGroup | None) -> nn.Module:
     moe = cfg.moe
     if moe is not None and moe.is_sparse(layer_id):
         part = intermediate_range(moe.intermediate_size, tp)
-        return SparseMoE(cfg.hidden_size, moe.num_experts, moe.top_k, moe.intermediate_size, moe.norm_topk_prob, tp, part)
+        return SparseMoE(
+            cfg.hidden_size, moe.num_experts, moe.top_k, moe.intermediate_size, moe.norm_topk_prob, tp, part
+        )
     part = intermediate_range(cfg.intermediate_size, tp)
     return GatedMLP(cfg.hidden_size, cfg.intermediate_size, tp, part, activation=cfg.hidden_act)
 
