@@ -120,9 +120,8 @@ def test_quantized_gguf_runs_in_place_on_its_own_codes(kind: str, tmp_path: Path
         assert memory["weights"] < 0.5 * exact.scheduler.engine.memory["weights"]
         ids = torch.randint(3, VOCAB, (70,), generator=torch.Generator().manual_seed(0)).tolist()
         reference = sequence_logits(exact.scheduler.engine.model, ids)
-        # 16 rows a pass (the kernels) and all 70 in one (the many-row products). Q4_0's codes are
-        # the file's own: what differs is the activations' rounding (15 bits in the kernels, bf16 in
-        # the many-row products), well within the spread of the logits.
+        # 16 rows a pass and all 70 in one. Q4_0's codes are the file's own: what differs is the
+        # activations' rounding (15 bits per group of 32), well within the spread of the logits.
         for chunk in (16, len(ids)):
             ours = sequence_logits(model, ids, chunk)
             assert ((ours - reference).std() / reference.std()).item() < 0.05, chunk

@@ -53,8 +53,9 @@ def dense_of(kind: str, blocks: np.ndarray) -> torch.Tensor:
 
 
 def assert_matmul_close(weight: QuantizedWeight, dense: torch.Tensor) -> None:
-    """Kernel path (few rows) and many-row path (more than ``max_kernel_rows``: bf16 GEMM on the
-    expanded weight, in one band and in several) against fp64 x W^T."""
+    """The weight's product against fp64 x W^T at row counts on both sides of ``max_kernel_rows``:
+    with the C kernels, their one path; without them, torch's kernel and past it bf16 GEMM on the
+    expanded weight, in one band and in several."""
     torch.manual_seed(0)
     for rows in (1, 3, 7, weight.max_kernel_rows, weight.max_kernel_rows + 1, 70):
         for buffer in (None, DequantBuffer(IN * 40)):  # the whole weight at once; bands of 40 rows
