@@ -99,7 +99,7 @@ def test_gguf_whose_tensors_do_not_fit_its_metadata_is_refused(tmp_path: Path) -
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_quantized_gguf_runs_in_place_on_its_own_codes(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A Q4_0 file (what does not fill 64-column blocks requantized to int8) runs on its quantized
+    """A Q4_0 file (what does not fill 32-column groups requantized to int8) runs on its quantized
     weights alone: no dense weight is held or written, prefill (many rows) and decode (few) track
     the dequantized fp32 model, the KV cache is 16-bit, a batch decodes as its requests alone."""
     cache = tmp_path / "cache"

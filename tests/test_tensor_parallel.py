@@ -185,9 +185,9 @@ def test_tiny_moe_and_gemma3_tp2_match_tp1(kind: str, tmp_path: Path) -> None:
 
 def test_quantized_gguf_tp2_matches_tp1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each rank builds its share of the file's int4 weights from the blocks: column shards take rows,
-    row shards whole 64-column blocks (qwen3's o_proj and down_proj: 128 columns, 64 a rank). Passes
-    of at most 16 rows keep every product on the int4 kernels, whose per-group rounding of the input
-    is the same on a shard, so the ranks' sums differ from one rank's only in their order."""
+    row shards whole 32-column groups (qwen3's o_proj and down_proj: 128 columns, 64 a rank). The int4
+    kernel's per-group rounding of the input is the same on a shard, so the ranks' sums differ from one
+    rank's only in their order."""
     import gguf
     from gguf_writer import train_bpe, write_gguf
 

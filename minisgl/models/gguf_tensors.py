@@ -219,7 +219,7 @@ class GGUFTensors:
 
     def int4(self, *names: str) -> Int4Weight:
         """The file's 4-bit codes and grid as an ``Int4Weight`` (Q4_0 / Q4_1 / Q4_K, a multiple of
-        64 columns); several tensors' rows one after another (a fused projection), each written in
+        32 columns); several tensors' rows one after another (a fused projection), each written in
         place: no concatenated copy."""
         parts = [self._tensors[name] for name in names]
         columns = {part[2] for part in parts}

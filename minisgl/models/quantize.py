@@ -5,8 +5,8 @@
   group of 32 input columns (min/max), int8 per output row (symmetric).
 - ``auto``: a GGUF file's own precision, every linear layer and the embedding. Q4_0 / Q4_1 / Q4_K
   run as int4 with the file's codes and group scales, taken from its blocks (exact; Q4_K's products
-  of scales rounded to fp16), where a layer has a multiple of 64 input features (the kernel's
-  block), else as int8; 5 to 8 bit formats as int8 per row (requantized: the kernel has one scale
+  of scales rounded to fp16), where a layer has a multiple of 32 input features (the kernel's
+  group), else as int8; 5 to 8 bit formats as int8 per row (requantized: the kernel has one scale
   per row, the file one per 32 or 16 weights); anything else (F32, F16, 2-3 bit and i-quants) stays
   dense. A Hugging Face folder has no quantized tensors: ``auto`` is ``none`` there.
 
