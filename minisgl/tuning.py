@@ -10,7 +10,8 @@ from __future__ import annotations
 # -- quantized products (``layers/quant.py``) ------------------------------------------------------
 # The C kernels (``kernels/cpu/quant_gemm.c``) take every row count. Without them (no compiler, or a CPU
 # without AVX2), rows up to which torch's weight-only kernels beat expanding the weight to bf16 and
-# torch's bf16 GEMM: ``python -m benchmarks.many_rows --kernels torch`` (its "faster" column).
+# torch's bf16 GEMM: ``python -m benchmarks.many_rows --kernels torch`` (its "torch faster" column).
+# The values are the C kernels' former crossovers, not yet re-measured for torch's kernels.
 INT4_MAX_KERNEL_ROWS = 16
 INT8_MAX_KERNEL_ROWS = 32
 # The bf16 buffer those many-row products expand their weight into (64 MiB): a 1.7B model's largest

@@ -13,12 +13,12 @@
 //   per row, stored apart: w = code * scale.
 //
 // x is rounded once per group of 32 columns to two int8 digits, x / step ~ high + low / 256: 15 bits
-// below the group's largest value. (One digit, llama.cpp's Q8 activations, made prefill 1.5x faster
-// but halved greedy agreement with fp32: benchmarks.quality.) A register tile computes one vector of
-// output rows against up to GEMM_ROWS rows of x: a group's eight 4-column dot products per digit sum
-// in int32 per lane (vpdpbusd, unsigned by signed: int8 codes go in offset by 128, taken back out with
-// the digits' sum; with AVX2 alone vpmaddubsw + vpmaddwd, int8 codes through vpsignb) before the one
-// conversion that applies the group's step.
+// below the group's largest value. (One digit, llama.cpp's Q8 activations, is faster, but a one-digit
+// build lost about half of the greedy agreement with fp32 in benchmarks.quality.) A register tile
+// computes one vector of output rows against up to GEMM_ROWS rows of x: a group's eight 4-column dot
+// products per digit sum in int32 per lane (vpdpbusd, unsigned by signed: int8 codes go in offset by
+// 128, taken back out with the digits' sum; with AVX2 alone vpmaddubsw + vpmaddwd, int8 codes through
+// vpsignb) before the one conversion that applies the group's step.
 //
 // Arithmetic, the same in the references and in every SIMD body, bit for bit, and for a row of x the
 // same whatever other rows it comes with (a request computes the same alone as in a batch): per row of
@@ -40,6 +40,8 @@
 
 #define GROUP 32
 #define TILE 16        // output rows per tile of the weight
+// The loops' blocking, by design from the cache sizes; prefill and decode speed with them:
+// benchmarks.prefill_speed and benchmarks.decode_per_byte.
 #define GEMM_ROWS 8    // rows of x per register tile
 #define BLOCK_TILES 8  // tiles a register tile of x runs against while in L1 (their span's codes: L2)
 #define SPAN 32        // groups per pass over the rows of x: a span's codes and a register tile's x stay in L1
@@ -386,12 +388,10 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
             }
         }
     }
+    // int8's row scales, once the last group is in (a tile's are padded with zeros: V of them are there).
+    const VecF row_scale = BITS == 8 && g1 == groups ? load_ps(w->row_scale) : zero_ps();
     for (int64_t r = 0; r < R; r++) {
-        if (BITS == 8 && g1 == groups) {
-            float scales[V] = {0};
-            memcpy(scales, w->row_scale, sizeof(float) * (size_t)w->live);
-            acc[r] = mul_ps(acc[r], load_ps(scales));
-        }
+        if (BITS == 8 && g1 == groups) acc[r] = mul_ps(acc[r], row_scale);
         float *out = y + (r0 + r) * N + w->o0;
         if (w->live == V) {
             store_ps(out, acc[r]);
