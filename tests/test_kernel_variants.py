@@ -150,6 +150,16 @@ def test_largest_int8_values_stay_inside_the_int32_sums(kernels: CpuKernels) -> 
     torch.testing.assert_close(weight(x), rounded_per_group(x) @ dense.T, rtol=1e-5, atol=1e-5)  # an overflow: far off
 
 
+def test_largest_int4_values_stay_inside_the_int16_sums(kernels: CpuKernels) -> None:
+    """Every code at 15 and x at its largest digits: AVX2's int16 sums of a group at their bound."""
+    k, n = 4096, 3
+    codes = torch.full((n, k), 15, dtype=torch.uint8)
+    weight = Int4Weight.from_codes(codes, torch.ones(n, k // 32), torch.zeros(n, k // 32))
+    x = torch.cat([torch.ones(1, k), -torch.ones(1, k), torch.full((1, k), 0.7)])
+    y = kernels.int4(weight.codes, weight.scale, weight.minimum, n)(x)
+    torch.testing.assert_close(y, rounded_per_group(x) @ weight.dequantize().T, rtol=1e-5, atol=1e-5)
+
+
 def softmax_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """q [heads, d] over keys/values [n, kv_heads, d] → [heads * d], in fp64."""
     group = q.shape[0] // keys.shape[1]

@@ -17,8 +17,10 @@
 // build lost about half of the greedy agreement with fp32 in benchmarks.quality.) A register tile
 // computes one vector of output rows against up to GEMM_ROWS rows of x: a group's eight 4-column dot
 // products per digit sum in int32 per lane (vpdpbusd, unsigned by signed: int8 codes go in offset by
-// 128, taken back out with the digits' sum; with AVX2 alone vpmaddubsw + vpmaddwd, int8 codes through
-// vpsignb) before the one conversion that applies the group's step.
+// 128, taken back out with the digits' sum) before the one conversion that applies the group's step.
+// With AVX2 alone: int4 codes by the digits in int16 pairs (vpmaddubsw), a group's summed in int16
+// (at most 16 x 15 x 127), widened once per digit (vpmaddwd); int8 codes widened to int16 and
+// multiplied by both digits at once as one int16, 256 high + low (vpmaddwd).
 //
 // Arithmetic, the same in the references and in every SIMD body, bit for bit, and for a row of x the
 // same whatever other rows it comes with (a request computes the same alone as in a batch): per row of
@@ -80,6 +82,7 @@ typedef struct {
     int8_t *codes, *low;
     float *step, *sum;
     int32_t *total;
+    int16_t *wide;  // the int8 product's operand with AVX2 alone (widen_rows); NULL elsewhere
 } RoundedX;
 
 static int round_rows(RoundRow round_row, const float *x, int64_t rows, int64_t K, Scratch *scratch, RoundedX *out,
@@ -93,6 +96,7 @@ static int round_rows(RoundRow round_row, const float *x, int64_t rows, int64_t 
     out->step = (float *)(buffer + 2 * code_bytes);
     out->sum = (float *)(buffer + 2 * code_bytes + step_bytes);
     out->total = (int32_t *)(buffer + 2 * code_bytes + 2 * step_bytes);
+    out->wide = NULL;
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++)
         round_row(x + r * K, K, out->codes + r * K, out->low + r * K, out->step + r * groups, out->total + r * groups,
@@ -188,8 +192,6 @@ typedef __m512i VecI;
 #define load_ps _mm512_loadu_ps
 #define store_ps _mm512_storeu_ps
 #define load_ph(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-// acc + per lane the sums of the four u8 x s8 products of (u0, s0), then of (u1, s1).
-#define dot_quads(acc, u0, s0, u1, s1) _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, u0, s0), u1, s1)
 #else
 #define V 8
 typedef __m256 VecF;
@@ -212,7 +214,6 @@ typedef __m256i VecI;
 #define load_ps _mm256_loadu_ps
 #define store_ps _mm256_storeu_ps
 #define load_ph(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-#define dot_quads(acc, u0, s0, u1, s1) _mm256_add_epi32(acc, dot2_u8s8(u0, s0, u1, s1))
 #endif
 #define PARTS (TILE / V)  // vectors of output rows per tile
 
@@ -314,20 +315,33 @@ static inline Rows rows_of(int bits, const void *codes, const void *scale, const
     return rows;
 }
 
-// A group's dot products of int8 codes (signed) with x's digits: vpdpbusd takes them offset by 128
-// (unsigned), the offset times the digits' sum taken back out after.
+// acc + per lane the sum of the four u8 x s8 products of u and s (vpdpbusd). Signed int8 codes go in
+// offset by 128, the offset times the digits' sum taken back out after.
 #if defined(KERNELS_AVX512)
-#define SIGNED_OFFSET 1
-#define dot_signed(acc, w, x) _mm512_dpbusd_epi32(acc, w, x)
+#define dpbusd _mm512_dpbusd_epi32
 #elif defined(KERNELS_AVXVNNI)
-#define SIGNED_OFFSET 1
-#define dot_signed(acc, w, x) _mm256_dpbusd_avx_epi32(acc, w, x)
+#define dpbusd _mm256_dpbusd_avx_epi32
 #else
-#define SIGNED_OFFSET 0
-// |x| times w with x's sign: |x| <= 127, so a pair's sum stays inside int16.
-static inline __m256i dot_signed(__m256i acc, __m256i w, __m256i x) {
-    const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(w, x));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+#define WIDE_DOTS 1  // plain AVX2: the int16 products described at the top
+#endif
+
+#if defined(WIDE_DOTS)
+// x's rows as one int16 per column, 256 high + low: the int8 product's other operand.
+static int widen_rows(RoundedX *x, int64_t rows, int64_t K, Scratch *scratch, int threads) {
+    x->wide = scratch_reserve(scratch, sizeof(int16_t) * (size_t)(rows * K));
+    if (x->wide == NULL) return KERNELS_NO_MEMORY;
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t k = 0; k < K; k++) x->wide[r * K + k] = (int16_t)(256 * x->codes[r * K + k] + x->low[r * K + k]);
+    return KERNELS_OK;
+}
+
+// Per lane the sum of a group's products with one digit: its 8 pieces' summed in int16 pairs (at most
+// 8 x 2 x 15 x 127), then widened, times `weight` (256 for the high digit, 1 for the low).
+static inline __m256i int4_digit_dot(const __m256i *quads, const int8_t *q, __m256i weight) {
+    __m256i pairs = _mm256_maddubs_epi16(quads[0], _mm256_set1_epi32(quad_of(q)));
+    for (int i = 1; i < 8; i++) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(quads[i], _mm256_set1_epi32(quad_of(q + 4 * i))));
+    return _mm256_madd_epi16(pairs, weight);
 }
 #endif
 
@@ -352,14 +366,22 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *codes = w->codes + g * group_bytes;
         for (int64_t line = 0; line < group_bytes; line += 64) _mm_prefetch((const char *)(codes + PREFETCH + line), _MM_HINT_T0);
-        VecI quads[8];  // int4: the 4 low-nibble quads, then the 4 high-nibble ones
-        for (int64_t i = 0; i < 4 * BITS / 4; i++) {
-            const VecI v = load_si(codes + i * 4 * TILE);
+        // int4: the 4 low-nibble pieces, then the 4 high-nibble ones; int8: its 8 pieces (offset by 128
+        // for vpdpbusd), or with AVX2 alone each widened to int16: rows 0-3 of the vector, then 4-7.
+        VecI quads[16];
+        for (int64_t i = 0; i < BITS; i++) {
+            const uint8_t *piece = codes + i * 4 * TILE;
             if (BITS == 4) {
+                const VecI v = load_si(piece);
                 quads[i] = and_si(v, nibble);
                 quads[4 + i] = and_si(srli_16(v, 4), nibble);
             } else {
-                quads[i] = SIGNED_OFFSET ? xor_si(v, set1_8((char)0x80)) : v;
+#if defined(WIDE_DOTS)
+                quads[2 * i] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)piece));
+                quads[2 * i + 1] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(piece + 16)));
+#else
+                quads[i] = xor_si(load_si(piece), set1_8((char)0x80));
+#endif
             }
         }
         VecF s = zero_ps(), m = zero_ps();
@@ -368,22 +390,39 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
             m = load_ph(w->minimum + g * TILE);
         }
         for (int64_t r = 0; r < R; r++) {
+            const int64_t at = (r0 + r) * groups + g, column = (r0 + r) * K + g * GROUP;
+            VecI dot;
+#if defined(WIDE_DOTS)
+            if (BITS == 4) {
+                dot = add_32(int4_digit_dot(quads, x->codes + column, _mm256_set1_epi16(256)),
+                             int4_digit_dot(quads, x->low + column, _mm256_set1_epi16(1)));
+            } else {
+                // Per lane pairs of one row's column sums (rows 0-3, rows 4-7), then one sum per row in order.
+                __m256i first = zero_si(), second = zero_si();
+                for (int i = 0; i < 8; i++) {
+                    int64_t four;  // columns 4i .. 4i + 3 of x
+                    memcpy(&four, x->wide + column + 4 * i, sizeof four);
+                    const __m256i xs = _mm256_set1_epi64x(four);
+                    first = add_32(first, _mm256_madd_epi16(quads[2 * i], xs));
+                    second = add_32(second, _mm256_madd_epi16(quads[2 * i + 1], xs));
+                }
+                dot = _mm256_permute4x64_epi64(_mm256_hadd_epi32(first, second), 0xD8);
+            }
+#else
             VecI digit[2];
             for (int d = 0; d < 2; d++) {
-                const int8_t *q = (d ? x->low : x->codes) + (r0 + r) * K + g * GROUP;
-                VecI dot = zero_si();
-                for (int i = 0; i < 8; i += 2)
-                    dot = BITS == 4 ? dot_quads(dot, quads[i], set1_32(quad_of(q + 4 * i)), quads[i + 1], set1_32(quad_of(q + 4 * i + 4)))
-                                    : dot_signed(dot_signed(dot, quads[i], set1_32(quad_of(q + 4 * i))), quads[i + 1], set1_32(quad_of(q + 4 * i + 4)));
-                digit[d] = dot;
+                const int8_t *q = (d ? x->low : x->codes) + column;
+                VecI sum = zero_si();
+                for (int i = 0; i < 8; i++) sum = dpbusd(sum, quads[i], set1_32(quad_of(q + 4 * i)));
+                digit[d] = sum;
             }
-            VecI dot = add_32(slli_32(digit[0], 8), digit[1]);
-            const int64_t at = (r0 + r) * groups + g;
+            dot = add_32(slli_32(digit[0], 8), digit[1]);
+            if (BITS == 8) dot = sub_32(dot, set1_32(128 * x->total[at]));
+#endif
             if (BITS == 4) {
                 acc[r] = fma_ps(cvt_ps(dot), mul_ps(s, set1_ps(x->step[at])), acc[r]);
                 acc[r] = fma_ps(m, set1_ps(x->sum[at]), acc[r]);
             } else {
-                if (SIGNED_OFFSET) dot = sub_32(dot, set1_32(128 * x->total[at]));
                 acc[r] = fma_ps(cvt_ps(dot), set1_ps(x->step[at]), acc[r]);
             }
         }
@@ -431,6 +470,10 @@ static int gemm(int bits, const float *x, int64_t rows, int64_t K, const void *c
     static _Thread_local Scratch x_scratch;
     RoundedX xr;
     if (round_rows(round_row_simd, x, rows, K, &x_scratch, &xr, threads)) return KERNELS_NO_MEMORY;
+#if defined(WIDE_DOTS)
+    static _Thread_local Scratch wide_scratch;
+    if (bits == 8 && widen_rows(&xr, rows, K, &wide_scratch, threads)) return KERNELS_NO_MEMORY;
+#endif
     const TileFn *tiles_of = bits == 4 ? gemm_tiles_4 : gemm_tiles_8;
     const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE;
     // One register tile of rows reads each code once: no span of groups, so a tile's codes are one stream.

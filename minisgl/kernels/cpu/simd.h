@@ -111,25 +111,4 @@ static inline float sum256(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
-
-// Per 32-bit lane the sum of eight u8 x s8 products, four of (u0, s0) and four of (u1, s1): vpdpbusd
-// twice with AVX-VNNI; without it pairs summed to int16 (vpmaddubsw), the two added, then widened
-// (vpmaddwd). Exact where |u| <= 15, as in every caller: 4 x 15 x 128 fits int16.
-static inline __m256i dot2_u8s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
-#if defined(KERNELS_AVXVNNI)
-    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u0, s0), u1, s1);
-#else
-    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1));
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-#endif
-}
-
-// acc + per 32-bit lane the sum of two s16 x s16 products (vpdpwssd with AVX-VNNI).
-static inline __m256i dot_s16(__m256i acc, __m256i a, __m256i b) {
-#if defined(KERNELS_AVXVNNI)
-    return _mm256_dpwssd_avx_epi32(acc, a, b);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
-#endif
-}
 #endif
