@@ -23,7 +23,7 @@ from minisgl import LLM, SamplingParams
 from minisgl.layers.linear import Linear
 from minisgl.layers.quant import Int4Weight, Int8Weight
 from minisgl.models.config import ModelConfig
-from minisgl.models.gguf import gguf_model_folder
+from minisgl.models.gguf import gguf_model_folder, gguf_tokenizer
 from minisgl.models.perplexity import sequence_logits
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
@@ -150,7 +150,7 @@ def test_sentencepiece_gguf_tokenizes_like_transformers_gguf_loader(arch: str, t
     vocab = gemma_vocab() if arch == "gemma3" else llama2_vocab()
     path = write_gguf(folder, tmp_path / f"{arch}.gguf", "default", spm=vocab, chat_template=TEMPLATE)
     reference = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
-    converted = AutoTokenizer.from_pretrained(gguf_model_folder(path, tmp_path / "cache"))
+    converted = gguf_tokenizer(gguf_model_folder(path, tmp_path / "cache"))  # what the engine loads
     byte_ids = {i for i, t in enumerate(vocab.tokens) if t.startswith("<0x")}
     for text in TEXTS:
         ids = reference.encode(text)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from minisgl.models.gguf import default_model_path, gguf_model_folder
+from minisgl.models.gguf import default_model_path, gguf_model_folder, gguf_tokenizer
 from minisgl.models.gguf_tensors import GGUFTensors
 
 try:
@@ -111,7 +111,7 @@ def test_config_matches_reference(folder: Path, reference: PreTrainedModel) -> N
 
 
 def test_tokenizer_matches_transformers_gguf_tokenizer(folder: Path) -> None:
-    ours = AutoTokenizer.from_pretrained(folder)
+    ours = gguf_tokenizer(folder)  # what the engine and the server load
     theirs = AutoTokenizer.from_pretrained(str(GGUF_PATH.parent), gguf_file=GGUF_PATH.name)
     for text in SAMPLES:
         ids = ours.encode(text)

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minisgl.models.gguf_arch import GGUFArch, arch_config, check_tensors, gguf_arch
-from minisgl.models.gguf_tensors import GGUFTensors, field, open_gguf
+from minisgl.models.gguf_tensors import GGUFTensors, read_metadata
 
 if TYPE_CHECKING:  # heavy imports are deferred so a cached call stays fast
-    from gguf import GGUFReader
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger("minisgl.gguf")
 
@@ -108,14 +108,14 @@ def _check_magic(gguf_path: Path) -> None:
 
 
 def _write_folder(gguf_path: Path, out: Path) -> None:
-    reader = open_gguf(gguf_path)
-    arch_name = field(reader, "general.architecture")
+    fields, dims = read_metadata(gguf_path)
+    arch_name = fields.get("general.architecture")
     arch = gguf_arch(arch_name, gguf_path.name)
-    config = _build_config(reader, arch_name, arch)
+    config = _build_config(fields, dims, arch_name, arch)
     tensors = GGUFTensors(gguf_path)
     check_tensors(arch, config, {name: tensors.shape(name) for name in tensors.names()}, gguf_path.name)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    _write_tokenizer(gguf_path, reader, config["max_position_embeddings"], out)
+    _write_tokenizer(gguf_path, fields, config["max_position_embeddings"], out)
 
 
 def _f32_to_decimal(x: float) -> float:
@@ -125,15 +125,16 @@ def _f32_to_decimal(x: float) -> float:
     return float(str(np.float32(x)))
 
 
-def _build_config(reader: GGUFReader, arch_name: str, arch: GGUFArch) -> dict[str, Any]:
+def _build_config(
+    fields: dict[str, Any], dims: dict[str, tuple[int, ...]], arch_name: str, arch: GGUFArch
+) -> dict[str, Any]:
     def meta(key: str, default: Any = None) -> Any:
-        value = field(reader, f"{arch_name}.{key}", default)
+        value = fields.get(f"{arch_name}.{key}", default)
         if value is None:
             raise ValueError(f"GGUF metadata is missing required key {arch_name}.{key}")
         return value
 
-    tensors = {t.name: t for t in reader.tensors}
-    if "token_embd.weight" not in tensors:
+    if "token_embd.weight" not in dims:
         raise ValueError("GGUF has no token_embd.weight tensor")
     arch_keys = arch_config(arch, meta)
     hidden = meta("embedding_length")
@@ -152,48 +153,48 @@ def _build_config(reader: GGUFReader, arch_name: str, arch: GGUFArch) -> dict[st
         "rope_theta": _f32_to_decimal(meta("rope.freq_base", 10000.0)),
         "max_position_embeddings": meta("context_length"),
         # The embedding's row count is the ground truth; metadata vocab_size is optional.
-        "vocab_size": int(tensors["token_embd.weight"].shape[-1]),
-        "tie_word_embeddings": "output.weight" not in tensors,
+        "vocab_size": int(dims["token_embd.weight"][-1]),
+        "tie_word_embeddings": "output.weight" not in dims,
         "torch_dtype": "float32",
         **arch_keys,
     }
-    rope_scaling = _rope_scaling(reader, arch_name)
+    rope_scaling = _rope_scaling(fields, arch_name)
     if rope_scaling is not None:
         config["rope_scaling"] = rope_scaling
     for gguf_key, hf_key in _SPECIAL_TOKEN_KEYS.items():
-        token_id = field(reader, gguf_key)
+        token_id = fields.get(gguf_key)
         if token_id is not None:
             config[hf_key] = token_id
-    stop_ids = _stop_ids(reader, arch)
+    stop_ids = _stop_ids(fields, arch)
     if stop_ids:
         config["eos_token_id"] = stop_ids if len(stop_ids) > 1 else stop_ids[0]
     return config
 
 
-def _stop_ids(reader: GGUFReader, arch: GGUFArch) -> list[int]:
+def _stop_ids(fields: dict[str, Any], arch: GGUFArch) -> list[int]:
     """EOS and the tokens that end a turn: a Gemma chat turn ends with <end_of_turn>, not the
     file's EOS (<eos>), as the model's own config lists both."""
-    ids = [field(reader, key) for key in _STOP_TOKEN_KEYS]
+    ids = [fields.get(key) for key in _STOP_TOKEN_KEYS]
     if arch.end_of_turn is not None:
-        tokens = field(reader, "tokenizer.ggml.tokens") or []
+        tokens = fields.get("tokenizer.ggml.tokens") or []
         if arch.end_of_turn in tokens:
             ids.append(tokens.index(arch.end_of_turn))
     return list(dict.fromkeys(i for i in ids if i is not None))
 
 
-def _rope_scaling(reader: GGUFReader, arch_name: str) -> dict[str, Any] | None:
-    kind = field(reader, f"{arch_name}.rope.scaling.type", "none")
-    factor = field(reader, f"{arch_name}.rope.scaling.factor")
+def _rope_scaling(fields: dict[str, Any], arch_name: str) -> dict[str, Any] | None:
+    kind = fields.get(f"{arch_name}.rope.scaling.type", "none")
+    factor = fields.get(f"{arch_name}.rope.scaling.factor")
     if kind == "none" or not factor:
         return None
     scaling: dict[str, Any] = {"rope_type": kind, "factor": _f32_to_decimal(factor)}
-    original = field(reader, f"{arch_name}.rope.scaling.original_context_length")
+    original = fields.get(f"{arch_name}.rope.scaling.original_context_length")
     if original is not None:
         scaling["original_max_position_embeddings"] = original
     return scaling
 
 
-def _write_tokenizer(gguf_path: Path, reader: GGUFReader, context_length: int, out: Path) -> None:
+def _write_tokenizer(gguf_path: Path, fields: dict[str, Any], context_length: int, out: Path) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
@@ -201,14 +202,25 @@ def _write_tokenizer(gguf_path: Path, reader: GGUFReader, context_length: int, o
     tokenizer.model_max_length = context_length
     tokenizer.save_pretrained(str(out))
 
-    # Reload what was written: that is what users get, so check the parts serving relies on.
-    saved = AutoTokenizer.from_pretrained(str(out))
+    # Reload what was written as users get it, and check the parts serving relies on.
+    saved = gguf_tokenizer(out)
     expected = {
-        "bos_token_id": field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": field(reader, "tokenizer.ggml.eos_token_id"),
-        "chat_template": field(reader, "tokenizer.chat_template"),
+        "bos_token_id": fields.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": fields.get("tokenizer.ggml.eos_token_id"),
+        "chat_template": fields.get("tokenizer.chat_template"),
     }
     for attr, want in expected.items():
         got = getattr(saved, attr)
         if want is not None and got != want:
             raise ValueError(f"tokenizer {attr} did not survive conversion: got {got!r}, GGUF has {want!r}")
+
+
+def gguf_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of a GGUF's folder (``gguf_model_folder``), read with the class the conversion
+    chose and checked (``_write_tokenizer``). ``AutoTokenizer`` would first import transformers' code
+    for the model's config, more than a second of every start, to choose that class again."""
+    import transformers
+
+    name = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class", "")
+    tokenizer_class = getattr(transformers, name, None) or transformers.AutoTokenizer  # a class later versions lack
+    return tokenizer_class.from_pretrained(str(folder))

@@ -1,7 +1,7 @@
 """A GGUF file's tensors under their Hugging Face names, read in place.
 
 The file is memory-mapped and its header parsed here (``gguf.GGUFReader`` parses every token of the
-vocabulary into arrays, seconds at start-up): a tensor's bytes are read when a weight is built
+vocabulary into arrays, seconds for each read): a tensor's bytes are read when a weight is built
 from them, and nothing is written anywhere. Each tensor keeps the file's blocks, split and reordered
 like the Hugging Face weights (stacked experts split, llama.cpp's q/k row permutation undone: both
 act on whole rows, so they apply to the rows of blocks as they do to the dequantized rows).
@@ -27,29 +27,22 @@ import torch
 from minisgl.layers.quant import INT4_GROUP, Int4Weight
 from minisgl.models.gguf_arch import GGUFArch, gguf_arch, hf_tensors
 
-if TYPE_CHECKING:
-    from gguf import GGUFReader
-
 # Formats whose values are exactly q * scale + minimum on groups of 32 with q in 0..15.
 INT4_EXACT = ("Q4_0", "Q4_1", "Q4_K")
 # 5 to 8 bits per weight: requantized to int8 with one scale per row (the int8 kernel's layout).
 INT8_NEAREST = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")
 
 
-def field(reader: GGUFReader, key: str, default: Any = None) -> Any:
-    value = reader.fields.get(key)
-    return default if value is None else value.contents()
-
-
-def open_gguf(path: Path) -> GGUFReader:
-    """The ``gguf`` package's reader, every field parsed (the tokenizer's too: seconds for a large
-    vocabulary), for writing the config-and-tokenizer folder once."""
-    from gguf import GGUFReader
-
-    try:
-        return GGUFReader(path)
-    except Exception as e:  # gguf raises assorted errors for truncated/corrupt files
-        raise ValueError(f"cannot read GGUF file {path}: {e}") from e
+def read_metadata(path: Path) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+    """Every metadata field of a GGUF file (the tokenizer's arrays of strings too) and each tensor's
+    GGUF dims (innermost first) by GGUF name: what the config-and-tokenizer folder is written from."""
+    with path.open("rb") as f:
+        try:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (ValueError, OSError) as e:  # an empty file cannot be mapped
+            raise ValueError(f"cannot read GGUF file {path}: {e}") from e
+    fields, tensors = _read_gguf(path, mapped, strings=True)
+    return fields, {name: dims for name, dims, _, _ in tensors}  # the map closes with its last view
 
 
 # Value types of GGUF metadata (the spec's numbering): fixed-size scalars by struct format, then
@@ -83,9 +76,8 @@ class _Cursor:
         self.at += n
         return bytes(self.data[self.at - n : self.at]).decode("utf-8")
 
-    def value(self, kind: int) -> Any:
-        """A metadata value; an array of strings is skipped (None): the tokenizer's, which only the
-        folder's one-time build reads, with the ``gguf`` package."""
+    def value(self, kind: int, strings: bool) -> Any:
+        """A metadata value; an array of strings (the tokenizer's) is skipped (None) unless ``strings``."""
         if kind in _SCALARS:
             return self.scalar(_SCALARS[kind])
         if kind == _STRING:
@@ -99,17 +91,20 @@ class _Cursor:
             values = list(struct.unpack_from(f"<{count}{fmt}", self.data, self.at))
             self.at += count * size
             return values
+        if item == _STRING and strings:
+            return [self.string() for _ in range(count)]
         for _ in range(count):
-            self.value(item)
+            self.value(item, strings)
         return None
 
 
 def _read_gguf(
-    path: Path, mapped: mmap.mmap
+    path: Path, mapped: mmap.mmap, strings: bool = False
 ) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], Any, np.ndarray]]]:
-    """A GGUF file's metadata and tensors (name, GGUF dims innermost first, type, data in ``mapped``,
-    the file's map, with the ``gguf`` package's array shapes: blocks as [..., rows, bytes]), parsed
-    directly: the ``gguf`` reader builds an array for every token of the vocabulary, seconds at start-up."""
+    """A GGUF file's metadata (arrays of strings only if ``strings``) and tensors (name, GGUF dims
+    innermost first, type, data in ``mapped``, the file's map, with the ``gguf`` package's array
+    shapes: blocks as [..., rows, bytes]), parsed directly: the ``gguf`` reader builds an array for
+    every token of the vocabulary, seconds at start-up."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     try:
@@ -124,7 +119,7 @@ def _read_gguf(
         fields: dict[str, Any] = {}
         for _ in range(n_fields):
             key = cursor.string()
-            fields[key] = cursor.value(cursor.scalar("I"))
+            fields[key] = cursor.value(cursor.scalar("I"), strings)
         infos = []
         for _ in range(n_tensors):
             name = cursor.string()
@@ -273,7 +268,9 @@ def int4_into(out: Int4Weight, row: int, kind: str, blocks: np.ndarray, columns:
 
 
 def _f16(blocks: np.ndarray, offset: int) -> np.ndarray:
-    return np.ascontiguousarray(blocks[..., offset : offset + 2]).view(np.float16)[..., 0]
+    """The fp16 at byte ``offset`` (even) of every block (the last axis: a block's bytes, an even
+    number), read as 2-byte words: a strided copy of whole elements, not of byte pairs."""
+    return np.ascontiguousarray(blocks.view(np.uint16)[..., offset // 2]).view(np.float16)
 
 
 # Each reader gives a tensor's code words [rows, groups, 4] (each group's 16 code bytes: column j in

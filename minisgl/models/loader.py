@@ -22,6 +22,8 @@ from minisgl.models.quantize import WeightSpec, apply_quantization, check_mode, 
 from minisgl.models.registry import model_class
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from minisgl.distributed.group import TPGroup
 
 logger = logging.getLogger("minisgl.loader")
@@ -47,6 +49,19 @@ def resolve_model_path(model: str | Path | None) -> Path:
     if path.is_file():
         return gguf_model_folder(path)
     raise ValueError(f"model path {str(model)!r} does not exist (expected a Hugging Face folder or a .gguf file)")
+
+
+def load_tokenizer(model: str | Path | None) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``model`` (as ``resolve_model_path`` takes it). A Hugging Face folder's goes
+    through ``AutoTokenizer``, whose choice of class may differ from the one the folder names."""
+    from minisgl.models.gguf import gguf_tokenizer
+
+    folder = resolve_model_path(model)
+    if resolve_gguf_file(model) is not None:
+        return gguf_tokenizer(folder)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
 
 
 def resolve_gguf_file(model: str | Path | None) -> Path | None:

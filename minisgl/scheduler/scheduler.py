@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from minisgl.config import EngineConfig
 from minisgl.constrained.compiler import GrammarCompiler
@@ -29,7 +29,7 @@ from minisgl.engine.engine import Engine
 from minisgl.engine.runner import LocalRunner, Runner
 from minisgl.kvcache.registry import create_prefix_cache
 from minisgl.kvcache.window import WindowSlots
-from minisgl.models.loader import resolve_model_path
+from minisgl.models.loader import load_tokenizer, resolve_model_path
 from minisgl.parallel.runner import TensorParallelRunner
 from minisgl.request import Req
 from minisgl.sampling import RejectionCode, RequestRejected, SamplingParams
@@ -101,7 +101,7 @@ class Scheduler:
         path = resolve_model_path(config.model)
         # The engine validates config.json before the tokenizer is looked at.
         runner = LocalRunner(Engine(config, path)) if config.tp_size == 1 else TensorParallelRunner(config, path)
-        return cls(runner, config, AutoTokenizer.from_pretrained(str(path)))
+        return cls(runner, config, load_tokenizer(config.model))
 
     # -- requests ------------------------------------------------------------------------------
     @property

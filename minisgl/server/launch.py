@@ -10,11 +10,10 @@ from pathlib import Path
 from types import FrameType
 
 import uvicorn
-from transformers import AutoTokenizer
 
 from minisgl.config import EngineConfig
 from minisgl.models.gguf import DEFAULT_FILE
-from minisgl.models.loader import resolve_model_path
+from minisgl.models.loader import load_tokenizer, resolve_model_path
 from minisgl.server.app import create_app
 from minisgl.server.args import api_key_from
 from minisgl.server.context import ServerContext
@@ -56,7 +55,7 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     # cached; it keeps the GGUF file itself as the model, since quantization="auto" reads its blocks.
     path = resolve_model_path(config.model)
     logger.info("model %s -> %s", config.model or DEFAULT_FILE, path)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer = load_tokenizer(config.model)
 
     def on_engine_death() -> None:
         server.should_exit = True
