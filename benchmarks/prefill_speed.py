@@ -3,7 +3,9 @@ nothing cached, in each mode (quantization / dtype), on the default model and th
 
 *prefill tok/s*: prompt tokens over the time of the passes that prefill it (best of ``--repeats``
 after a warm-up, the radix cache flushed before each); the prompt is random token ids (a prefill's
-cost does not depend on which). The machine and the kernels' code path are printed first.
+cost does not depend on which). *peak over loaded*: the process's highest resident memory during
+the prefills (Linux's VmHWM, reset once the model is loaded) less its resident memory then: what a
+long prompt adds to a loaded model. The machine and the kernels' code path are printed first.
 
 Run: python -m benchmarks.prefill_speed [--models default scale-1.7b] [--modes auto/float32 none/float32
      none/bfloat16] [--prompt-len 2000] [--repeats 3] [--kernels auto|torch|c:avx2 ...]
@@ -23,9 +25,16 @@ from minisgl import LLM, SamplingParams
 from minisgl.kernels.native import KERNEL_CHOICES, cpu_paths
 
 
-def measure(model: str | None, mode: str, kernels: str, prompt_len: int, repeats: int) -> tuple[float, str]:
-    """(best prefill seconds of a ``prompt_len``-token prompt, the kernels' code path) for ``mode``
-    ("quantization/dtype") on ``model`` (None: the default model)."""
+def _resident_kib(key: str) -> int:
+    """``VmRSS`` or ``VmHWM`` (the peak since the last reset) of this process, KiB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
+
+
+def measure(model: str | None, mode: str, kernels: str, prompt_len: int, repeats: int) -> tuple[float, float, str]:
+    """(best prefill seconds of a ``prompt_len``-token prompt, MiB its prefills added to the loaded
+    model's resident memory at their peak, the kernels' code path) for ``mode`` ("quantization/dtype")
+    on ``model`` (None: the default model)."""
     quantization, dtype = mode.split("/")
     llm = LLM(
         resolve_scale_model(model), quantization=quantization, dtype=dtype, kernels=kernels, max_running_req=1,
@@ -34,17 +43,22 @@ def measure(model: str | None, mode: str, kernels: str, prompt_len: int, repeats
     try:
         prompt = torch.randint(1, llm.scheduler.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(0))
         one = SamplingParams(max_tokens=1, ignore_eos=True)
+        gc.collect()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := VmRSS
+        loaded = _resident_kib("VmRSS")
         times = []
         for _ in range(repeats + 1):  # the first is the warm-up
             llm.flush_cache()
             start = time.perf_counter()
             llm.generate([prompt.tolist()], one, use_tqdm=False)
             times.append(time.perf_counter() - start)
+        added = (_resident_kib("VmHWM") - loaded) / 1024
         paths = "; ".join(f"{k}: {v}" for k, v in cpu_paths(llm.scheduler.engine.kernels).items())
     finally:
         llm.shutdown()
         gc.collect()
-    return min(times[1:]), paths
+    return min(times[1:]), added, paths
 
 
 def main() -> None:
@@ -60,14 +74,17 @@ def main() -> None:
     print(machine_info(torch.get_num_threads()))
     print(f"load average before: {load_average()}")
     print(f"one {args.prompt_len}-token prompt, prefilled alone, nothing cached; best of {args.repeats}")
-    print("| model | mode | prefill s | prefill tok/s | code path |")
-    print("|---|---|---|---|---|")
+    print("| model | mode | prefill s | prefill tok/s | peak over loaded (MiB) | code path |")
+    print("|---|---|---|---|---|---|")
     for model in args.models:
         for mode in args.modes:
-            seconds, paths = measure(
+            seconds, added, paths = measure(
                 None if model == "default" else model, mode, args.kernels, args.prompt_len, args.repeats
             )
-            print(f"| {model} | {mode} | {seconds:.2f} | {args.prompt_len / seconds:.0f} | {paths} |", flush=True)
+            print(
+                f"| {model} | {mode} | {seconds:.2f} | {args.prompt_len / seconds:.0f} | {added:.0f} | {paths} |",
+                flush=True,
+            )
     print(f"load average after: {load_average()}")
 
 

@@ -19,6 +19,12 @@ INT8_MAX_KERNEL_ROWS = 32
 # ``benchmarks.many_rows --kernels torch`` runs the 1.7B shapes with it.
 DEQUANT_BUFFER_ELEMENTS = 1 << 25
 
+# -- the MLP (``layers/mlp.py``) ----------------------------------------------------------------------
+# Rows of a pass an MLP computes at a time: a prefill pass of MAX_PREFILL_TOKENS rows would otherwise hold
+# 3 x intermediate fp32 activations per row at once (600 MB at the 1.7B scale model). Peak memory by
+# prompt and prefill speed: ``python -m benchmarks.prefill_speed`` (its "peak" column).
+MLP_BAND_ROWS = 256
+
 # -- the single-call decode step (``models/decoder.py``, ``kernels/cpu/decode_layer.c``) -----------
 # Most requests one fused decode step takes. Its products are the same C kernels as the
 # layer-by-layer path's at every row count. By design (64: the largest batch the decode target

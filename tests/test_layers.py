@@ -9,8 +9,10 @@ from torch import nn
 
 from minisgl.kernels.native import resolve_kernels
 from minisgl.layers.linear import Linear, linear, pack_weights
+from minisgl.layers.mlp import GatedMLP
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding, apply_rotary
+from minisgl.tuning import MLP_BAND_ROWS
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
@@ -33,6 +35,20 @@ def test_packed_linear_matches_plain(rows: int, with_bias: bool, dtype: torch.dt
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(y, expected, rtol=tol, atol=tol * 10)
     torch.testing.assert_close(linear(x, plain, layer.bias), expected)  # an unpacked weight takes F.linear
+
+
+@pytest.mark.parametrize("rows", [1, MLP_BAND_ROWS, MLP_BAND_ROWS + 1, 3 * MLP_BAND_ROWS - 5])
+def test_mlp_in_bands_of_rows_is_the_whole_product(rows: int) -> None:
+    """A long pass's MLP runs a band of rows at a time: the rows come out as from one call."""
+    g = torch.Generator().manual_seed(rows)
+    mlp = GatedMLP(64, 96, None, (0, 96))
+    for p in mlp.parameters():
+        p.data.normal_(generator=g)
+    x = torch.randn(rows, 64, generator=g)
+    gate, up = F.linear(x, mlp.gate_up_proj.weight).chunk(2, dim=-1)
+    expected = F.linear(F.silu(gate) * up, mlp.down_proj.weight)
+    # fp32 rounding only: a band of one row takes MKL's matrix-vector path, which sums in another order.
+    torch.testing.assert_close(mlp(x), expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 40])

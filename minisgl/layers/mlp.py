@@ -7,6 +7,7 @@ from torch import nn
 
 from minisgl.layers.activation import gated_activation
 from minisgl.layers.linear import Linear, RankGroup, column, row
+from minisgl.tuning import MLP_BAND_ROWS
 
 
 class GatedMLP(nn.Module):
@@ -32,4 +33,12 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden, partition=row(tp, part, reduce))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
+        if len(x) <= MLP_BAND_ROWS:
+            return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
+        # A long prefill pass a band of rows at a time: its intermediate activations (3 x intermediate
+        # per row) would otherwise be the engine's largest temporaries.
+        out = x.new_empty(len(x), self.down_proj.shape[0])
+        for start in range(0, len(x), MLP_BAND_ROWS):
+            band = x[start : start + MLP_BAND_ROWS]
+            out[start : start + len(band)] = self.down_proj(self.act_and_mul(self.gate_up_proj(band)))
+        return out
