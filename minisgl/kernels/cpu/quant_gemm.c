@@ -412,9 +412,13 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
             VecI digit[2];
             for (int d = 0; d < 2; d++) {
                 const int8_t *q = (d ? x->low : x->codes) + column;
-                VecI sum = zero_si();
-                for (int i = 0; i < 8; i++) sum = dpbusd(sum, quads[i], set1_32(quad_of(q + 4 * i)));
-                digit[d] = sum;
+                // Two chains of vpdpbusd, each half as long: many rows of x are bound by its latency.
+                VecI even = zero_si(), odd = zero_si();
+                for (int i = 0; i < 8; i += 2) {
+                    even = dpbusd(even, quads[i], set1_32(quad_of(q + 4 * i)));
+                    odd = dpbusd(odd, quads[i + 1], set1_32(quad_of(q + 4 * i + 4)));
+                }
+                digit[d] = add_32(even, odd);
             }
             dot = add_32(slli_32(digit[0], 8), digit[1]);
             if (BITS == 8) dot = sub_32(dot, set1_32(128 * x->total[at]));
