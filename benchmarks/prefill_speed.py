@@ -5,7 +5,9 @@ nothing cached, in each mode (quantization / dtype), on the default model and th
 after a warm-up, the radix cache flushed before each); the prompt is random token ids (a prefill's
 cost does not depend on which). *peak over loaded*: the process's highest resident memory during
 the prefills (Linux's VmHWM, reset once the model is loaded) less its resident memory then: what a
-long prompt adds to a loaded model. The machine and the kernels' code path are printed first.
+long prompt adds to a loaded model. A mode that loads through dense temporaries (``none``) leaves
+freed heap that its prefill reuses, so the column compares a mode with itself across commits, not
+modes with each other. The machine and the kernels' code path are printed first.
 
 Run: python -m benchmarks.prefill_speed [--models default scale-1.7b] [--modes auto/float32 none/float32
      none/bfloat16] [--prompt-len 2000] [--repeats 3] [--kernels auto|torch|c:avx2 ...]

@@ -50,8 +50,8 @@ class NgramDrafter:
 
     def drafts(self, reqs: list[Req], max_rows: int = DRAFT_MAX_PASS_ROWS) -> dict[Req, list[int]]:
         """Draft tokens for this pass's decoding requests, for those that have one, so long as the
-        pass keeps at most ``max_rows`` tokens: past the quantized kernels' crossover its products
-        would switch to expanding every weight, which costs more than the drafts save."""
+        pass keeps at most ``max_rows`` tokens: a draft row costs a decode row's products, and past a
+        few rows those are bound by arithmetic, not by reading the weights once."""
         self._passes += 1
         probing = self._passes % PROBE_INTERVAL == 0
         out: dict[Req, list[int]] = {}
