@@ -110,7 +110,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     results = []
     for kernels in args.kernels:
-        results.extend((model, kernels, measure(model, kernels, args.prompt_len, args.output_len)) for model in args.models)
+        results.extend(
+            (model, kernels, measure(model, kernels, args.prompt_len, args.output_len)) for model in args.models
+        )
     # This VM's read bandwidth moves with its neighbours' load: the roofline is the higher of two
     # streaming reads, one before the runs and one after.
     after = memory_bandwidth(0.5)
@@ -123,7 +125,9 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['weight_bytes'] / 1e6:.0f} MB | {r['kv_bytes'] / 1e6:.1f} MB | {r['weight_gbps']:.2f} | "
             f"{r['weight_gbps'] * 1e9 / bandwidth:.0%} | {r['weight_gbps'] / first[kernels]:.2f} |",
         )
-    print(f"streaming read: {before / 1e9:.1f} GB/s before the runs, {after / 1e9:.1f} GB/s after; the higher is the roofline")
+    print(
+        f"streaming read: {before / 1e9:.1f} GB/s before the runs, {after / 1e9:.1f} GB/s after; the higher is the roofline"
+    )
     print(f"load average after: {load_average()}")
 
 

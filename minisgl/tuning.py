@@ -21,8 +21,9 @@ DEQUANT_BUFFER_ELEMENTS = 1 << 25
 
 # -- the MLP (``layers/mlp.py``) ----------------------------------------------------------------------
 # Rows of a pass an MLP computes at a time: a prefill pass of MAX_PREFILL_TOKENS rows would otherwise hold
-# 3 x intermediate fp32 activations per row at once (600 MB at the 1.7B scale model). Peak memory by
-# prompt and prefill speed: ``python -m benchmarks.prefill_speed`` (its "peak" column).
+# 3 x intermediate fp32 activations per row at once, the largest temporaries of a 1-8B model's pass.
+# Prefill speed and the memory a long prompt adds: ``python -m benchmarks.prefill_speed`` (its "peak over
+# loaded" column).
 MLP_BAND_ROWS = 256
 
 # -- the single-call decode step (``models/decoder.py``, ``kernels/cpu/decode_layer.c``) -----------

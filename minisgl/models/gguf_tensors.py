@@ -19,7 +19,7 @@ import mmap
 import struct
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
