@@ -192,6 +192,15 @@ typedef __m512i VecI;
 #define load_ps _mm512_loadu_ps
 #define store_ps _mm512_storeu_ps
 #define load_ph(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define max_ps _mm512_max_ps
+#define min_ps _mm512_min_ps
+#define sub_ps _mm512_sub_ps
+#define abs_ps _mm512_abs_ps
+#define round_ps(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define cvt_32 _mm512_cvtps_epi32
+#define reduce_max_ps _mm512_reduce_max_ps
+#define reduce_add_32 _mm512_reduce_add_epi32
+#define store_8(p, v) _mm_storeu_si128((__m128i *)(p), _mm512_cvtepi32_epi8(v))  // 16 int32 in -127..127
 #else
 #define V 8
 typedef __m256 VecF;
@@ -214,78 +223,55 @@ typedef __m256i VecI;
 #define load_ps _mm256_loadu_ps
 #define store_ps _mm256_storeu_ps
 #define load_ph(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define max_ps _mm256_max_ps
+#define min_ps _mm256_min_ps
+#define sub_ps _mm256_sub_ps
+#define abs_ps(v) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v)
+#define round_ps(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define cvt_32 _mm256_cvtps_epi32
+static inline float reduce_max_ps(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+static inline int32_t reduce_add_32(__m256i v) {
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+}
+static inline void store_8(int8_t *p, __m256i v) {  // 8 int32 in -127..127, in order
+    const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storel_epi64((__m128i *)p, _mm_packs_epi16(words, words));
+}
 #endif
 #define PARTS (TILE / V)  // vectors of output rows per tile
 
-#if defined(KERNELS_AVX512)
-// round_row_plain in 512-bit registers: the same values (max and integer sums in another order).
+// round_row_plain in vector registers: the same values (max and integer sums in another order).
 static void round_row_simd(const float *x, int64_t K, int8_t *q, int8_t *q_low, float *step, int32_t *totals,
                            float *sum) {
-    const __m512 low_scale = _mm512_set1_ps(256.0f), top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
+    const VecF low_scale = set1_ps(256.0f), top = set1_ps(127.0f), bottom = set1_ps(-127.0f);
     for (int64_t g = 0; g < K / GROUP; g++) {
-        const __m512 halves[2] = {_mm512_loadu_ps(x + g * GROUP), _mm512_loadu_ps(x + g * GROUP + 16)};
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(halves[0]), _mm512_abs_ps(halves[1])));
-        const float s = amax / 127.0f;
-        const __m512 inverse = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-        __m512i total = _mm512_setzero_si512();
-        for (int h = 0; h < 2; h++) {
-            const __m512 v = _mm512_mul_ps(halves[h], inverse);
-            const __m512 high = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            const __m512 low = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, high), low_scale),
-                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            const __m512i hi = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(high, bottom), top));
-            const __m512i lo = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(low, bottom), top));
-            _mm_storeu_si128((__m128i *)(q + g * GROUP + 16 * h), _mm512_cvtepi32_epi8(hi));
-            _mm_storeu_si128((__m128i *)(q_low + g * GROUP + 16 * h), _mm512_cvtepi32_epi8(lo));
-            total = _mm512_add_epi32(total, _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo));
+        VecF part[GROUP / V], m = zero_ps();
+        for (int i = 0; i < GROUP / V; i++) {
+            part[i] = load_ps(x + g * GROUP + V * i);
+            m = max_ps(m, abs_ps(part[i]));
+        }
+        const float amax = reduce_max_ps(m), s = amax / 127.0f;
+        const VecF inverse = set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        VecI total = zero_si();
+        for (int i = 0; i < GROUP / V; i++) {
+            const VecF v = mul_ps(part[i], inverse), high = round_ps(v);
+            const VecF low = round_ps(mul_ps(sub_ps(v, high), low_scale));
+            const VecI hi = cvt_32(min_ps(max_ps(high, bottom), top)), lo = cvt_32(min_ps(max_ps(low, bottom), top));
+            store_8(q + g * GROUP + V * i, hi);
+            store_8(q_low + g * GROUP + V * i, lo);
+            total = add_32(total, add_32(slli_32(hi, 8), lo));
         }
         step[g] = s / 256.0f;
-        totals[g] = _mm512_reduce_add_epi32(total);
+        totals[g] = reduce_add_32(total);
         sum[g] = (float)totals[g] * (s / 256.0f);
     }
 }
-#else
-static inline __m128i int8_of(__m256i v) {  // 8 int32 in -127..127 to 8 int8, in order (low 8 bytes)
-    const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    return _mm_packs_epi16(words, words);
-}
-
-// round_row_plain in 256-bit registers: the same values (max and integer sums in another order).
-static void round_row_simd(const float *x, int64_t K, int8_t *q, int8_t *q_low, float *step, int32_t *totals,
-                           float *sum) {
-    const __m256 sign = _mm256_set1_ps(-0.0f), low_scale = _mm256_set1_ps(256.0f);
-    const __m256 top = _mm256_set1_ps(127.0f), bottom = _mm256_set1_ps(-127.0f);
-    for (int64_t g = 0; g < K / GROUP; g++) {
-        __m256 quarter[4], m = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
-            quarter[i] = _mm256_loadu_ps(x + g * GROUP + 8 * i);
-            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, quarter[i]));
-        }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))), s = amax / 127.0f;
-        const __m256 inverse = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-        __m256i total = _mm256_setzero_si256();
-        for (int i = 0; i < 4; i++) {
-            const __m256 v = _mm256_mul_ps(quarter[i], inverse);
-            const __m256 high = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            const __m256 low = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(v, high), low_scale),
-                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            const __m256i hi = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(high, bottom), top));
-            const __m256i lo = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(low, bottom), top));
-            _mm_storel_epi64((__m128i *)(q + g * GROUP + 8 * i), int8_of(hi));
-            _mm_storel_epi64((__m128i *)(q_low + g * GROUP + 8 * i), int8_of(lo));
-            total = _mm256_add_epi32(total, _mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo));
-        }
-        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-        step[g] = s / 256.0f;
-        totals[g] = _mm_cvtsi128_si32(t);
-        sum[g] = (float)totals[g] * (s / 256.0f);
-    }
-}
-#endif
 
 static inline int32_t quad_of(const int8_t *q) {
     int32_t v;
