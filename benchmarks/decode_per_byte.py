@@ -35,7 +35,7 @@ from benchmarks.machine import load_average, machine_info
 from benchmarks.roofline import weight_bytes_per_step
 from benchmarks.scale_model import SCALE_MODELS, resolve_scale_model
 from minisgl import LLM, SamplingParams
-from minisgl.kernels.native import KERNEL_CHOICES
+from minisgl.kernels.variants import KERNEL_CHOICES
 
 WARMUP_TOKENS = 8
 

@@ -17,7 +17,8 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.machine import cpu_flags, load_average, machine_info
-from minisgl.kernels.native import KERNEL_CHOICES, resolve_kernels
+from minisgl.kernels.native import resolve_kernels
+from minisgl.kernels.variants import KERNEL_CHOICES
 from minisgl.layers.linear import Linear, pack_weights
 from minisgl.layers.quant import DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
 from minisgl.tuning import DEQUANT_BUFFER_ELEMENTS

@@ -24,7 +24,8 @@ import torch
 from benchmarks.machine import load_average, machine_info
 from benchmarks.scale_model import SCALE_MODELS, resolve_scale_model
 from minisgl import LLM, SamplingParams
-from minisgl.kernels.native import KERNEL_CHOICES, cpu_paths
+from minisgl.kernels.native import cpu_paths
+from minisgl.kernels.variants import KERNEL_CHOICES
 
 
 def _resident_kib(key: str) -> int:

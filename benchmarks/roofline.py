@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.hardware_peak import measure
 from benchmarks.machine import load_average, machine_info
 from minisgl import LLM, SamplingParams
-from minisgl.kernels.native import KERNEL_CHOICES
+from minisgl.kernels.variants import KERNEL_CHOICES
 from minisgl.layers.linear import Linear
 
 AGREEMENT_PROMPTS = [

@@ -28,7 +28,7 @@ from benchmarks.server import server_available
 from benchmarks.systems import SystemOptions, Unavailable, make_system
 from benchmarks.workloads import Sizes, Workload, build
 from minisgl.models.gguf import default_model_path
-from minisgl.models.loader import resolve_model_path
+from minisgl.models.source import resolve_model_path
 
 logger = logging.getLogger("benchmarks")
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from minisgl.sampling import SamplingRows
+from minisgl.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from minisgl.constrained.matcher import GrammarMatcher
 
 
 class AttentionKind(Enum):
@@ -24,6 +27,15 @@ class AttentionKind(Enum):
 
     EXTEND = 0  # some request adds several tokens, or is not sampled: causal attention over them
     DECODE = 1  # every request adds one token and is sampled: one query row per request
+
+
+@dataclass
+class SamplingRows:
+    """Per sampled row of a batch: its parameters and generator (None: greedy or unseeded)."""
+
+    params: list[SamplingParams] = field(default_factory=list)
+    generators: list[torch.Generator | None] = field(default_factory=list)
+    grammars: list[GrammarMatcher | None] = field(default_factory=list)  # constrained rows' matchers
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import sys
 from dataclasses import asdict
 
 from minisgl.config import EngineConfig
-from minisgl.kernels.native import KERNEL_CHOICES
+from minisgl.kernels.variants import KERNEL_CHOICES
 from minisgl.server.args import add_server_args
 
 

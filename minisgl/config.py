@@ -1,16 +1,19 @@
-"""Engine configuration: one dataclass shared by the offline API, the CLI and the server."""
+"""Engine configuration: one dataclass shared by the offline API, the CLI and the server.
+
+Torch-free: the server's front end builds and checks it without loading the engine. The names of
+prefix caches and attention backends are checked by their registries when the engine starts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from minisgl.attention.registry import ATTENTION_BACKENDS
-from minisgl.kernels.native import check_kernel_choice
-from minisgl.kvcache.registry import PREFIX_CACHES
-from minisgl.models.quantize import check_mode
+from minisgl.kernels.variants import check_kernel_choice
+from minisgl.models.modes import check_mode
 from minisgl.tuning import MAX_PREFILL_TOKENS, WINDOW_KV_RATIO
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -61,8 +64,11 @@ class EngineConfig:
         check_kernel_choice(self.kernels)
         if self.device not in ("cpu", "cuda", "auto"):
             raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device='cuda' requested but CUDA is not available")
+        if self.device == "cuda":
+            import torch  # only here: a CPU config is checked without torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("device='cuda' requested but CUDA is not available")
         for name in ("max_running_req", "page_size", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -70,8 +76,6 @@ class EngineConfig:
             raise ValueError(f"window_kv_ratio must be in (0, 1], got {self.window_kv_ratio}")
         if self.num_page_override is not None and self.num_page_override < 1:
             raise ValueError(f"num_page_override must be >= 1, got {self.num_page_override}")
-        PREFIX_CACHES.get(self.cache_type)  # raises ValueError naming the choices
-        ATTENTION_BACKENDS.get(self.attention_backend)
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(f"schedule_policy must be lpm or fcfs, got {self.schedule_policy!r}")
         if self.speculative_algorithm not in ("none", "ngram"):
@@ -100,6 +104,8 @@ class EngineConfig:
 
     @property
     def torch_device(self) -> torch.device:
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
@@ -115,10 +121,14 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         return getattr(torch, self.dtype)
 
     def kv_torch_dtype(self, quantized: bool) -> torch.dtype:
         """The KV pool's dtype, for a model that runs quantized weights or not."""
+        import torch
+
         if self.kv_dtype != "auto":
             return getattr(torch, self.kv_dtype)
         return torch.bfloat16 if quantized else self.torch_dtype

@@ -11,7 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from minisgl import LLM
-from minisgl.kernels.native import VARIANTS, CpuKernels, cpu_flags, cpu_paths, host_variants, resolve_kernels
+from minisgl.kernels.native import CpuKernels, cpu_paths, resolve_kernels
+from minisgl.kernels.variants import VARIANTS, cpu_flags, host_variants
 from minisgl.models.gguf import default_model_path
 
 

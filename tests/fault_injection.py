@@ -1,7 +1,7 @@
 """A fault for the failure-isolation tests: the sampling of a request seeded FAULTY_SEED raises at
 its third token, so the request fails mid-generation, holding KV of its own.
 
-Offline tests monkeypatch ``minisgl.sampling.probabilities`` with ``faulty(...)``; a server under
+Offline tests monkeypatch ``minisgl.sampler.probabilities`` with ``faulty(...)``; a server under
 test imports ``install`` from a ``sitecustomize`` module, in its scheduler process too (spawned
 interpreters import it at start-up), so the server itself carries no test hook."""
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from minisgl import sampling
+from minisgl import sampler
 from minisgl.sampling import SamplingParams
 
 FAULTY_SEED = 666
@@ -40,4 +40,4 @@ def faulty(real: Probabilities) -> Probabilities:
 
 
 def install() -> None:
-    sampling.probabilities = faulty(sampling.probabilities)
+    sampler.probabilities = faulty(sampler.probabilities)

@@ -5,6 +5,8 @@ and tested without the ones above it."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import minisgl
@@ -14,7 +16,7 @@ LAYERS: list[set[str]] = [
     {"constrained", "kernels", "tuning"},
     {"registry", "sampling", "layers", "distributed", "text"},
     {"batch", "kvcache"},
-    {"attention", "models", "request"},
+    {"attention", "models", "request", "sampler"},
     {"config"},
     {"engine"},
     {"parallel"},
@@ -58,3 +60,16 @@ def test_every_import_goes_down_the_layers() -> None:
                 violations.append(f"{module} imports {target} (layer {LAYER_OF[other]} >= {LAYER_OF[unit]})")
     assert not violations, "\n".join(violations)
     assert units == set(LAYER_OF), f"layers name units that do not exist: {set(LAYER_OF) - units}"
+
+
+def test_the_server_front_end_loads_no_torch() -> None:
+    """The front end (the CLI, the config, the HTTP stack, the tokenizer) never imports torch: only the
+    scheduler process runs the model, and torch would cost the front end its memory and start-up."""
+    code = (
+        "import sys, minisgl, minisgl.cli, minisgl.server.launch, minisgl.server.app\n"
+        "from minisgl.models.source import load_tokenizer\n"
+        "load_tokenizer(None).apply_chat_template([{'role': 'user', 'content': 'hi'}], tokenize=True)\n"
+        "print('torch' in sys.modules, sorted(m for m in sys.modules if m.startswith('minisgl')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("False"), f"torch was imported; the modules loaded: {out}"

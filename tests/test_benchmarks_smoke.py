@@ -71,7 +71,7 @@ def test_best_hit_rate_counts_shared_prefixes_and_history() -> None:
 
 
 def test_workloads_from_the_real_tokenizer() -> None:
-    from minisgl.models.loader import resolve_model_path
+    from minisgl.models.source import resolve_model_path
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path(None)))

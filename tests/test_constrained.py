@@ -29,7 +29,7 @@ from minisgl.constrained.tool_calls import (
     prepare_conversation,
     tool_choice_name,
 )
-from minisgl.models.loader import resolve_model_path
+from minisgl.models.source import resolve_model_path
 from minisgl.sampling import SamplingParams
 
 EOS = 2  # SmolLM2's <|im_end|>

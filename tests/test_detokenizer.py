@@ -8,7 +8,7 @@ import random
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from minisgl.models.loader import resolve_model_path
+from minisgl.models.source import resolve_model_path
 from minisgl.text.detokenizer import IncrementalDetokenizer, detokenize
 from minisgl.text.stop import StopMatcher, cut_at_stop
 

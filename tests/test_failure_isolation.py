@@ -19,7 +19,7 @@ from fault_injection import FAIL_AT_CALL, FAULT, FAULTY_SEED, faulty
 from test_server import AUTH, Server, start_server, stop_server
 from tiny_models import build_tiny_model
 
-import minisgl.sampling
+import minisgl.sampler
 from minisgl import LLM, SamplingParams
 from minisgl.request import Req
 
@@ -36,7 +36,7 @@ def test_a_failing_sampler_fails_only_its_request(tmp_path: Path, monkeypatch: p
     batch = [params(1), params(FAULTY_SEED), params(None)]
     normal = llm.generate(PROMPTS, batch, use_tqdm=False)
     assert [o["meta"]["finish_reason"] for o in normal] == ["length"] * 3
-    monkeypatch.setattr(minisgl.sampling, "probabilities", faulty(minisgl.sampling.probabilities))
+    monkeypatch.setattr(minisgl.sampler, "probabilities", faulty(minisgl.sampler.probabilities))
     llm.flush_cache()
     outs = llm.generate(PROMPTS, batch, use_tqdm=False)
     assert outs[1]["meta"]["finish_reason"] == "error"

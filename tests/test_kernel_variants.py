@@ -15,7 +15,8 @@ import torch
 
 from minisgl.config import EngineConfig
 from minisgl.kernels import native
-from minisgl.kernels.native import VARIANTS, CpuKernels, LayerWeights, host_variants, resolve_kernels
+from minisgl.kernels.native import CpuKernels, LayerWeights, resolve_kernels
+from minisgl.kernels.variants import VARIANTS, host_variants
 from minisgl.layers.quant import Int4Weight, Int8Weight
 from tests.conftest import c_kernels_or_skip
 

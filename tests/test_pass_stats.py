@@ -10,7 +10,7 @@ import pytest
 
 from minisgl import LLM, SamplingParams
 from minisgl.batch import AttentionKind, Batch
-from minisgl.sampling import Sampled
+from minisgl.sampler import Sampled
 from minisgl.scheduler.stats import EngineStats
 
 PERSON = {

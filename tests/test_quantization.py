@@ -17,7 +17,8 @@ from benchmarks.corpus import GUIDELINES
 from minisgl import LLM, SamplingParams
 from minisgl.batch import AttentionKind, Batch
 from minisgl.config import EngineConfig
-from minisgl.kernels.native import VARIANTS, cpu_flags, host_variants, resolve_kernels
+from minisgl.kernels.native import resolve_kernels
+from minisgl.kernels.variants import VARIANTS, cpu_flags, host_variants
 from minisgl.layers.linear import Linear
 from minisgl.layers.quant import INT4_GROUP, DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
 from minisgl.models.gguf import default_model_path

@@ -10,7 +10,9 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from minisgl.sampling import GREEDY_TEMPERATURE, MAX_TEMPERATURE, Sampler, SamplingParams, SamplingRows, probabilities
+from minisgl.batch import SamplingRows
+from minisgl.sampler import Sampler, probabilities
+from minisgl.sampling import GREEDY_TEMPERATURE, MAX_TEMPERATURE, SamplingParams
 
 VOCAB = 32
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)

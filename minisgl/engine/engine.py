@@ -22,8 +22,9 @@ from minisgl.kvcache.window import full_slots_in_budget, sliding_window, slots_p
 from minisgl.layers.quant import QuantizedWeight
 from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import local_heads
-from minisgl.models.loader import load_model, memory_bytes, resolve_gguf_file
-from minisgl.sampling import Sampled, Sampler
+from minisgl.models.loader import load_model, memory_bytes
+from minisgl.models.source import resolve_gguf_file
+from minisgl.sampler import Sampled, Sampler
 
 if TYPE_CHECKING:
     from minisgl.distributed.group import TPGroup
@@ -33,6 +34,7 @@ logger = logging.getLogger("minisgl.engine")
 
 class Engine:
     def __init__(self, config: EngineConfig, model_path: Path, tp: TPGroup | None = None) -> None:
+        backend = ATTENTION_BACKENDS.get(config.attention_backend)  # an unknown name fails before the model loads
         self.device = tp.device if tp is not None else config.torch_device
         if self.device.type == "cpu":  # the cores are shared by this node's ranks
             torch.set_num_threads(config.num_threads or max(1, torch.get_num_threads() // config.tp_per_node))
@@ -78,7 +80,7 @@ class Engine:
             else None
         )
         self.table = TableManager(config.max_running_req, self.max_seq_len, self.device, windowed=bool(num_windowed))
-        self.attention = ATTENTION_BACKENDS.get(config.attention_backend)(
+        self.attention = backend(
             self.pool, self.table.page_table, heads.num_q, heads.num_kv, cfg.head_dim, cfg.layer_windows,
             config.torch_dtype, self.kernels, self.window_pool, self.table.window_table,
         )

@@ -7,7 +7,7 @@ from typing import Protocol
 
 from minisgl.batch import Batch
 from minisgl.engine.engine import Engine
-from minisgl.sampling import Sampled
+from minisgl.sampler import Sampled
 
 
 class Runner(Protocol):

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -39,57 +38,13 @@ from typing import Any
 import cffi
 import torch
 
+from minisgl.kernels.variants import VARIANTS, Variant, check_kernel_choice, cpu_flags, host_variants
+
 logger = logging.getLogger("minisgl.kernels")
 
 SOURCE_DIR = Path(__file__).parent / "cpu"
 HEADER = SOURCE_DIR / "kernels.h"
 Matmul = Callable[[torch.Tensor], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One build of the kernels: the compiler flags that select its SIMD bodies (``cpu/simd.h``) and
-    the ``/proc/cpuinfo`` flags a CPU needs to run it."""
-
-    name: str  # what ``kernels_variant()`` in the library returns, and ``kernels="c:<name>"``
-    description: str
-    compile_flags: tuple[str, ...]
-    cpu_needs: frozenset[str]
-
-
-_AVX2 = ("-mavx2", "-mfma", "-mf16c")
-VARIANTS = (  # best first
-    Variant(
-        "avx512", "AVX-512 VNNI", ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", *_AVX2),
-        frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"}),
-    ),
-    Variant("avxvnni", "AVX2 + AVX-VNNI", (*_AVX2, "-mavxvnni"), frozenset({"avx_vnni", "avx2", "fma", "f16c"})),
-    Variant("avx2", "AVX2 + FMA", _AVX2, frozenset({"avx2", "fma", "f16c"})),
-)  # fmt: skip
-KERNEL_CHOICES = ("auto", "c", "torch", *(f"c:{v.name}" for v in VARIANTS))
-
-
-def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags as Linux reports them (empty elsewhere: no variant is then chosen)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if platform.machine() != "x86_64" or not cpuinfo.is_file():
-        return frozenset()
-    for line in cpuinfo.read_text().splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
-
-
-def host_variants(flags: frozenset[str]) -> list[Variant]:
-    """The variants a CPU with ``flags`` can run, best first."""
-    return [v for v in VARIANTS if v.cpu_needs <= flags]
-
-
-def check_kernel_choice(choice: str) -> None:
-    """``EngineConfig.kernels``: auto (the C kernels where they build, else torch's), c (the C
-    kernels or an error), torch, or c:<variant> (that build, for benchmarks and tests)."""
-    if choice not in KERNEL_CHOICES:
-        raise ValueError(f"kernels must be one of {', '.join(KERNEL_CHOICES)}; got {choice!r}")
 
 
 def resolve_kernels(choice: str, flags: frozenset[str] | None = None) -> CpuKernels | None:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minisgl.models.gguf_arch import GGUFArch, arch_config, check_tensors, gguf_arch
-from minisgl.models.gguf_tensors import GGUFTensors, read_metadata
 
 if TYPE_CHECKING:  # heavy imports are deferred so a cached call stays fast
     from transformers import PreTrainedTokenizerBase
@@ -108,6 +107,8 @@ def _check_magic(gguf_path: Path) -> None:
 
 
 def _write_folder(gguf_path: Path, out: Path) -> None:
+    from minisgl.models.gguf_tensors import GGUFTensors, read_metadata  # torch: only when a folder is written
+
     fields, dims = read_metadata(gguf_path)
     arch_name = fields.get("general.architecture")
     arch = gguf_arch(arch_name, gguf_path.name)

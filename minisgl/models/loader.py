@@ -1,4 +1,4 @@
-"""Find a model, read its weights (safetensors, or a GGUF file in place) and build the model with fused projections."""
+"""Read a model's weights (safetensors, or a GGUF file in place) and build the model with fused projections."""
 
 from __future__ import annotations
 
@@ -18,12 +18,11 @@ from minisgl.layers.quant import QuantizedWeight
 from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import DecoderForCausalLM
 from minisgl.models.gguf_tensors import GGUFTensors
-from minisgl.models.quantize import WeightSpec, apply_quantization, check_mode, plan_quantization, release_dense
+from minisgl.models.modes import check_mode
+from minisgl.models.quantize import WeightSpec, apply_quantization, plan_quantization, release_dense
 from minisgl.models.registry import model_class
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
-
     from minisgl.distributed.group import TPGroup
 
 logger = logging.getLogger("minisgl.loader")
@@ -34,44 +33,6 @@ _FUSED = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "gate_up_proj": ("gate_proj", "up_proj"),
 }
-
-
-def resolve_model_path(model: str | Path | None) -> Path:
-    """A Hugging Face folder as is; for a GGUF file (or None: the default model), the folder of its
-    config and tokenizer, written once (its weights stay in the file, read in place)."""
-    from minisgl.models.gguf import default_model_path, gguf_model_folder
-
-    if model is None:
-        return gguf_model_folder(default_model_path())
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return path
-    if path.is_file():
-        return gguf_model_folder(path)
-    raise ValueError(f"model path {str(model)!r} does not exist (expected a Hugging Face folder or a .gguf file)")
-
-
-def load_tokenizer(model: str | Path | None) -> PreTrainedTokenizerBase:
-    """The tokenizer of ``model`` (as ``resolve_model_path`` takes it). A Hugging Face folder's goes
-    through ``AutoTokenizer``, whose choice of class may differ from the one the folder names."""
-    from minisgl.models.gguf import gguf_tokenizer
-
-    folder = resolve_model_path(model)
-    if resolve_gguf_file(model) is not None:
-        return gguf_tokenizer(folder)
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(folder))
-
-
-def resolve_gguf_file(model: str | Path | None) -> Path | None:
-    """The GGUF file a model comes from (None: the default model's), or None for a HF folder."""
-    from minisgl.models.gguf import default_model_path
-
-    if model is None:
-        return default_model_path()
-    path = Path(model).expanduser()
-    return path if path.is_file() else None
 
 
 def _sources(param: str) -> list[str]:

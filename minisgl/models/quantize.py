@@ -35,9 +35,8 @@ from minisgl.layers.quant import (
     quantize_weight,
 )
 from minisgl.models.gguf_tensors import INT4_EXACT, INT8_NEAREST, GGUFTensors
+from minisgl.models.modes import check_mode
 from minisgl.tuning import DEQUANT_BUFFER_ELEMENTS
-
-QUANTIZATION_MODES = ("auto", "none", "int4", "int8")
 
 
 @dataclass(frozen=True)
@@ -64,11 +63,6 @@ class Choice:
 
     weight: QuantizedWeight | None
     reason: str
-
-
-def check_mode(mode: str) -> None:
-    if mode not in QUANTIZATION_MODES:
-        raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANTIZATION_MODES)}")
 
 
 def plan_quantization(

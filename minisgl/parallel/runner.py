@@ -19,11 +19,11 @@ from minisgl.batch import Batch
 from minisgl.config import EngineConfig
 from minisgl.distributed.group import TPGroup
 from minisgl.engine.engine import Engine
-from minisgl.models.loader import resolve_model_path
+from minisgl.models.source import resolve_model_path
 from minisgl.parallel.rendezvous import init_group, leave_group, local_init_method
 from minisgl.parallel.supervisor import RankSupervisor
 from minisgl.parallel.sync import REPORT_FIELDS, BatchSync
-from minisgl.sampling import Sampled
+from minisgl.sampler import Sampled
 
 logger = logging.getLogger("minisgl.parallel")
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minisgl.batch import AttentionKind, Batch
+from minisgl.batch import AttentionKind, Batch, SamplingRows
 from minisgl.request import Req
-from minisgl.sampling import Sampler, SamplingRows
+from minisgl.sampler import Sampler
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ from minisgl.constrained.compiler import GrammarCompiler
 from minisgl.constrained.spec import GrammarSpec
 from minisgl.engine.engine import Engine
 from minisgl.engine.runner import LocalRunner, Runner
-from minisgl.kvcache.registry import create_prefix_cache
+from minisgl.kvcache.registry import PREFIX_CACHES, create_prefix_cache
 from minisgl.kvcache.window import WindowSlots
-from minisgl.models.loader import load_tokenizer, resolve_model_path
+from minisgl.models.source import load_tokenizer, resolve_model_path
 from minisgl.parallel.runner import TensorParallelRunner
 from minisgl.request import Req
 from minisgl.sampling import RejectionCode, RequestRejected, SamplingParams
@@ -98,6 +98,7 @@ class Scheduler:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Scheduler:
+        PREFIX_CACHES.get(config.cache_type)  # an unknown name fails before the model loads
         path = resolve_model_path(config.model)
         # The engine validates config.json before the tokenizer is looked at.
         runner = LocalRunner(Engine(config, path)) if config.tp_size == 1 else TensorParallelRunner(config, path)

@@ -70,9 +70,10 @@ class EngineClient:
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(FromScheduler)
         self._closing = False
-        self.process: BaseProcess | None = None  # set by start()
+        self._released = False  # sockets and ipc directory gone (``_release``)
+        self.process: BaseProcess | None = None  # set by spawn()
         self._receiver: asyncio.Task[None] | None = None
-        self._dir: Path | None = None  # the ipc sockets' directory, made by start()
+        self._dir: Path | None = None  # the ipc sockets' directory, made by spawn()
         self._sync_ctx = zmq.Context()
         self._out = self._sync_ctx.socket(zmq.PUSH)
         self._out.setsockopt(zmq.SNDHWM, 0)  # unbounded: a send never blocks the event loop
@@ -80,18 +81,19 @@ class EngineClient:
         self._in = self._async_ctx.socket(zmq.PULL)
 
     # -- lifecycle -----------------------------------------------------------------------------
-    async def start(self) -> Ready:
-        """Bind the sockets, spawn the scheduler process and wait until its model is loaded.
+    def spawn(self) -> None:
+        """Bind the sockets and start the scheduler process, which loads the model meanwhile: the
+        front end's own start-up (its imports, the tokenizer) overlaps that. ``start`` waits for it.
 
         The ipc directory is made here, not earlier, so that whatever fails after it is made runs
-        ``close``, which removes it."""
+        ``abandon`` or ``close``, which remove it."""
         self._dir = create_ipc_dir()
         try:
             to_addr, from_addr = f"ipc://{self._dir}/to_scheduler", f"ipc://{self._dir}/from_scheduler"
             self._out.bind(to_addr)  # bound before the scheduler starts: it connects to them
             self._in.bind(from_addr)
-            # spawn: a fresh interpreter, no forked torch or event-loop state. Not a daemon, because it
-            # starts the tensor-parallel ranks; it exits by itself when this process goes away.
+            # spawn: a fresh interpreter, no forked event-loop state. Not a daemon, because it starts
+            # the tensor-parallel ranks; it exits by itself when this process goes away.
             process = mp.get_context("spawn").Process(
                 target=run_scheduler,
                 args=(self.config, to_addr, from_addr, os.getpid(), self.log_level),
@@ -99,7 +101,16 @@ class EngineClient:
                 daemon=False,
             )
             process.start()
-            self.process = process  # started: close() may now wait for it
+            self.process = process  # started: abandon() and close() may now wait for it
+        except BaseException:
+            self.abandon()
+            raise
+
+    async def start(self) -> Ready:
+        """Wait until the scheduler process (``spawn``) has loaded its model, then route its outputs."""
+        assert self.process is not None, "spawn() first"
+        process = self.process
+        try:
             self.ready = await self._wait_ready(process, self._in)
         except BaseException:
             await self.close()
@@ -125,12 +136,30 @@ class EngineClient:
             self._receiver.cancel()
         if self.process is not None:
             asyncio.get_running_loop().remove_reader(self.process.sentinel)
-            if self.process.is_alive():
-                self.process.terminate()
-                await asyncio.to_thread(self.process.join, 10)
-            if self.process.is_alive():
-                self.process.kill()
-                await asyncio.to_thread(self.process.join, 5)
+            await asyncio.to_thread(self._stop_process)
+        self._release()
+
+    def abandon(self) -> None:
+        """``close`` without an event loop: for a start-up that failed (or ended) before or outside
+        the server's loop. Blocks while the scheduler process stops; safe to call more than once."""
+        self._closing = True
+        if self.process is not None:
+            self._stop_process()
+        self._release()
+
+    def _stop_process(self) -> None:
+        assert self.process is not None
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+
+    def _release(self) -> None:
+        if self._released:
+            return
+        self._released = True
         self._async_ctx.destroy(linger=0)
         self._sync_ctx.destroy(linger=0)
         if self._dir is not None:

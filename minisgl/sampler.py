@@ -1,0 +1,104 @@
+"""The batched sampler that turns logits into next tokens: greedy rows in one argmax, the others
+each from its own generator, grammar rows masked first; a row that fails fails its request alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minisgl.batch import SamplingRows
+from minisgl.constrained.matcher import GrammarMatcher, mask_logits
+from minisgl.sampling import SamplingParams
+
+_U64 = 2**64 - 1
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution one row of logits (float32) is sampled from: temperature, top-k, top-p and
+    min-p applied, then a softmax.
+
+    The row is shifted so that its maximum is 0 before the division: every logit is then at most 0,
+    the division can only overflow towards -inf, and the softmax keeps a probability of at least
+    one token, so it is never NaN for finite (or -inf) logits and any accepted temperature."""
+    logits = (logits - logits.max()) / params.temperature
+    if params.top_k > 0:
+        kth = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.min_p > 0.0:
+        logits = logits.masked_fill(probs < params.min_p * probs.max(), float("-inf"))
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(torch.softmax(logits, dim=-1), descending=True)
+        # Keep the smallest prefix whose mass reaches top_p: drop a token once the mass before it does.
+        drop_sorted = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= params.top_p
+        drop_sorted[0] = False  # the most probable token stays even if top_p rounds to 0 in float32
+        logits = logits.masked_fill(drop_sorted.scatter(0, order, drop_sorted), float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+@dataclass(frozen=True)
+class Sampled:
+    next_ids: torch.Tensor  # [batch] int64 on the CPU; meaningless in the rows of ``errors``
+    errors: dict[int, str]  # row -> why that row's request could not be sampled
+
+
+class Sampler:
+    """Samples one token per row. Greedy rows are one batched argmax; other rows draw from their own
+    generator (``generator_for``) so that a seeded request is reproducible whatever batch it lands in."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self._default_generator = torch.Generator().manual_seed(seed)
+
+    @staticmethod
+    def generator_for(params: SamplingParams, position: int) -> torch.Generator | None:
+        """The generator of a seeded request's token at ``position``, seeded by both: the token drawn
+        there does not depend on the batches the request ran in, nor on speculative decoding (which
+        samples at several positions of a request in one pass, and again at those it rejected)."""
+        if params.greedy or params.seed is None:
+            return None
+        return torch.Generator().manual_seed(_position_seed(params.seed, position))
+
+    def sample(self, logits: torch.Tensor, rows: SamplingRows) -> Sampled:
+        """``logits``: [batch, vocab] → the next token of each row. Rows with a grammar sample only among
+        the tokens it allows next (``logits`` is masked in place). A row whose own masking or sampling
+        fails is reported in ``errors`` instead of failing the batch: the error belongs to that request."""
+        errors = _mask_grammar_rows(logits, rows.grammars) if any(g is not None for g in rows.grammars) else {}
+        sampled = Sampled(torch.argmax(logits, dim=-1).cpu(), errors)
+        sampled_rows = [i for i, p in enumerate(rows.params) if not p.greedy and i not in errors]
+        if sampled_rows:
+            picked = logits[sampled_rows].float().cpu()
+            for row, i in zip(picked, sampled_rows):
+                try:
+                    probs = probabilities(row, rows.params[i])
+                    generator = rows.generators[i] or self._default_generator
+                    sampled.next_ids[i] = torch.multinomial(probs, 1, generator=generator)[0]
+                except Exception as e:  # noqa: BLE001 - whatever it is, only this row's request fails
+                    sampled.errors[i] = f"sampling failed: {type(e).__name__}: {e}"
+        return sampled
+
+
+def _position_seed(seed: int, position: int) -> int:
+    """A 64-bit seed from a request's seed and a position (SplitMix64's mixing: nearby inputs give
+    unrelated seeds, and the low 32 bits, all that torch's CPU generator reads, change with every bit)."""
+    z = (seed + (position + 1) * 0x9E3779B97F4A7C15) & _U64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
+    return z ^ (z >> 31)
+
+
+def _mask_grammar_rows(logits: torch.Tensor, grammars: list[GrammarMatcher | None]) -> dict[int, str]:
+    """Mask every grammar row at once; if that fails, row by row, to find the requests whose grammar
+    failed (returned: row -> why) while the others are masked as usual."""
+    try:
+        mask_logits(logits, grammars)
+        return {}
+    except Exception:  # noqa: BLE001 - one request's grammar must not fail the batch
+        errors: dict[int, str] = {}
+        for i, grammar in enumerate(grammars):
+            if grammar is not None:
+                try:
+                    mask_logits(logits[i : i + 1], [grammar])
+                except Exception as e:  # noqa: BLE001 - whatever it is, only this row's request fails
+                    errors[i] = f"grammar failed: {type(e).__name__}: {e}"
+        return errors
