@@ -1,7 +1,7 @@
 """Engine configuration: one dataclass shared by the offline API, the CLI and the server.
 
 Torch-free: the server's front end builds and checks it without loading the engine. The names of
-prefix caches and attention backends are checked by their registries when the engine starts."""
+prefix caches and attention backends are checked by their registries when the scheduler starts."""
 
 from __future__ import annotations
 

@@ -34,7 +34,6 @@ logger = logging.getLogger("minisgl.engine")
 
 class Engine:
     def __init__(self, config: EngineConfig, model_path: Path, tp: TPGroup | None = None) -> None:
-        backend = ATTENTION_BACKENDS.get(config.attention_backend)  # an unknown name fails before the model loads
         self.device = tp.device if tp is not None else config.torch_device
         if self.device.type == "cpu":  # the cores are shared by this node's ranks
             torch.set_num_threads(config.num_threads or max(1, torch.get_num_threads() // config.tp_per_node))
@@ -80,7 +79,7 @@ class Engine:
             else None
         )
         self.table = TableManager(config.max_running_req, self.max_seq_len, self.device, windowed=bool(num_windowed))
-        self.attention = backend(
+        self.attention = ATTENTION_BACKENDS.get(config.attention_backend)(
             self.pool, self.table.page_table, heads.num_q, heads.num_kv, cfg.head_dim, cfg.layer_windows,
             config.torch_dtype, self.kernels, self.window_pool, self.table.window_table,
         )

@@ -22,6 +22,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.config import EngineConfig
 from minisgl.constrained.compiler import GrammarCompiler
 from minisgl.constrained.spec import GrammarSpec
@@ -98,7 +99,9 @@ class Scheduler:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Scheduler:
-        PREFIX_CACHES.get(config.cache_type)  # an unknown name fails before the model loads
+        # Names the config cannot check without loading torch: unknown ones fail before the model is looked at.
+        PREFIX_CACHES.get(config.cache_type)
+        ATTENTION_BACKENDS.get(config.attention_backend)
         path = resolve_model_path(config.model)
         # The engine validates config.json before the tokenizer is looked at.
         runner = LocalRunner(Engine(config, path)) if config.tp_size == 1 else TensorParallelRunner(config, path)
