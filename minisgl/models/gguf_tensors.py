@@ -91,8 +91,12 @@ class _Cursor:
             values = list(struct.unpack_from(f"<{count}{fmt}", self.data, self.at))
             self.at += count * size
             return values
-        if item == _STRING and strings:
-            return [self.string() for _ in range(count)]
+        if item == _STRING:
+            if strings:
+                return [self.string() for _ in range(count)]
+            for _ in range(count):  # stepped over undecoded: a uint64 length, then the bytes
+                self.at += 8 + struct.unpack_from("<Q", self.data, self.at)[0]
+            return None
         for _ in range(count):
             self.value(item, strings)
         return None
