@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--min-len", type=int, default=20)
     parser.add_argument("--max-len", type=int, default=7221)
     parser.add_argument("--output-len", type=int, default=8)
-    parser.add_argument("--max-prefill-tokens", type=int, default=2048)
+    parser.add_argument("--max-prefill-tokens", type=int, default=None, help="default: the engine's")
     parser.add_argument("--kv-memory-gb", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -74,7 +74,7 @@ def main() -> None:
             first_pass.setdefault(out.rid, passes)
     total = time.perf_counter() - start
     print(f"\n{args.requests} requests, prompts {args.min_len}..{args.max_len} tokens ({sum(lengths)} in all), "
-          f"{args.output_len} output tokens, max_prefill_tokens {args.max_prefill_tokens}: "
+          f"{args.output_len} output tokens, max_prefill_tokens {llm.scheduler.planner.max_prefill_tokens}: "
           f"{total:.1f} s, {passes} passes")  # fmt: skip
     print(f"{'prompt tokens':>15} {'requests':>8} {'p50 TTFT s':>11} {'p99 TTFT s':>11} {'p50 passes':>11} {'p99 passes':>11}")
     for low, high in BUCKETS:

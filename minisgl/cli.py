@@ -43,7 +43,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--page-size", type=int, default=d.page_size, help="tokens per KV page")
     g.add_argument("--cache-type", default=d.cache_type, choices=["radix", "naive"], help="prefix cache: radix reuses shared prefixes, naive reuses nothing")
     g.add_argument("--schedule-policy", default=d.schedule_policy, choices=["lpm", "fcfs"], help="lpm: longest cached prefix first; fcfs: arrival order")
-    g.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens, help="token budget of one prefill pass; longer prompts are chunked")
+    g.add_argument("--max-prefill-tokens", type=int, default=None, help="token budget of one prefill pass; longer prompts are chunked (default: 2048, fewer for a hidden size over 1024)")
     g.add_argument("--num-threads", type=int, default=None, help="torch threads on CPU, per rank (default: all cores, shared out among the ranks of a node)")
     g.add_argument("--seed", type=int, default=d.seed, help="seed for requests that sample without their own seed")
     g.add_argument("--no-jump-forward", action="store_false", dest="jump_forward", help="constrained requests sample every token, even those their grammar forces")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from minisgl.kernels.variants import check_kernel_choice
 from minisgl.models.modes import check_mode
-from minisgl.tuning import MAX_PREFILL_TOKENS, WINDOW_KV_RATIO
+from minisgl.tuning import WINDOW_KV_RATIO
 
 if TYPE_CHECKING:
     import torch
@@ -39,7 +39,9 @@ class EngineConfig:
     window_kv_ratio: float = WINDOW_KV_RATIO
     cache_type: str = "radix"  # naive | radix
     schedule_policy: str = "lpm"  # lpm | fcfs
-    max_prefill_tokens: int = MAX_PREFILL_TOKENS  # token budget of one prefill batch (longer prompts are chunked)
+    # Token budget of one prefill pass (longer prompts are chunked); None: MAX_PREFILL_TOKENS, or fewer
+    # for a model whose hidden size would make such a pass's activations large (``default_prefill_tokens``)
+    max_prefill_tokens: int | None = None
     attention_backend: str = "torch"
     num_threads: int | None = None  # torch intra-op threads on CPU (per rank); None = all cores / ranks per node
     seed: int = 0
@@ -70,7 +72,7 @@ class EngineConfig:
             if not torch.cuda.is_available():
                 raise ValueError("device='cuda' requested but CUDA is not available")
         for name in ("max_running_req", "page_size", "max_prefill_tokens"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.window_kv_ratio <= 1:
             raise ValueError(f"window_kv_ratio must be in (0, 1], got {self.window_kv_ratio}")

@@ -57,6 +57,12 @@ WINDOW_KV_RATIO = 0.15
 # chunked. Time to first token under load by prompt length: ``python -m benchmarks.mixed_load``;
 # throughput: ``python -m benchmarks.throughput_sweep``.
 MAX_PREFILL_TOKENS = 2048
+# ... but a pass's hidden states (tokens x hidden size) stay within this many values: a model with a
+# hidden size over 1,024 gets a smaller default budget (1,024 tokens at 2,048, 512 at 4,096, like
+# llama.cpp's micro-batch), because a pass's temporaries grow with both and are what a long prompt
+# adds to the server's memory; the GEMMs run as fast at those row counts. Prefill time and that
+# memory: ``python -m benchmarks.prefill_speed`` (its "peak over loaded" column).
+MAX_PREFILL_ACTIVATIONS = 1 << 21
 # Fairness under mixed load: waiting prompts of at most 1/SHORT_PROMPT_DIVISOR of the token budget
 # are admitted first, in arrival order, with up to 1/SHORT_LANE_DIVISOR of each pass's budget. A
 # short prompt then waits about one pass, not behind every long prompt (and chunk) queued before it;

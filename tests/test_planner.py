@@ -12,6 +12,8 @@ from conftest import assert_idle_balanced
 from tiny_models import VOCAB, build_tiny_model
 
 from minisgl import LLM, SamplingParams
+from minisgl.scheduler.prefill import default_prefill_tokens
+from minisgl.tuning import MAX_PREFILL_ACTIVATIONS, MAX_PREFILL_TOKENS
 
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 
@@ -77,3 +79,18 @@ def test_a_short_prompt_is_not_starved_by_long_prefills(tiny: Path) -> None:
     assert reqs[3].output_ids == alone
     assert all(len(r.output_ids) == GREEDY.max_tokens for r in reqs)
     assert_idle_balanced(llm)
+
+
+@pytest.mark.parametrize("hidden_size", [64, 576, 1024, 2048, 3072, 4096, 8192])
+def test_default_prefill_budget_bounds_a_pass_activations(hidden_size: int) -> None:
+    """The default budget: MAX_PREFILL_TOKENS, or the most tokens whose hidden states fit
+    MAX_PREFILL_ACTIVATIONS (a 1.7B model's 2,048-wide states: 1,024 tokens)."""
+    budget = default_prefill_tokens(hidden_size)
+    assert budget <= MAX_PREFILL_TOKENS and budget * hidden_size <= MAX_PREFILL_ACTIVATIONS
+    assert budget == MAX_PREFILL_TOKENS or (budget + 1) * hidden_size > MAX_PREFILL_ACTIVATIONS
+
+
+def test_the_prefill_budget_is_the_config_or_the_model_default(tmp_path: Path) -> None:
+    folder = build_tiny_model("llama", tmp_path / "m")
+    assert LLM(str(folder), num_page_override=64).scheduler.planner.max_prefill_tokens == MAX_PREFILL_TOKENS
+    assert LLM(str(folder), num_page_override=64, max_prefill_tokens=7).scheduler.planner.max_prefill_tokens == 7

@@ -15,7 +15,20 @@ import torch
 from minisgl.kernels.ops import fast_compare_key
 from minisgl.request import Req
 from minisgl.scheduler.cache_manager import CacheManager
-from minisgl.tuning import LPM_MAX_QUEUE, SHARED_PREFIX_MIN, SHORT_LANE_DIVISOR, SHORT_PROMPT_DIVISOR
+from minisgl.tuning import (
+    LPM_MAX_QUEUE,
+    MAX_PREFILL_ACTIVATIONS,
+    MAX_PREFILL_TOKENS,
+    SHARED_PREFIX_MIN,
+    SHORT_LANE_DIVISOR,
+    SHORT_PROMPT_DIVISOR,
+)
+
+
+def default_prefill_tokens(hidden_size: int) -> int:
+    """``EngineConfig.max_prefill_tokens``'s default for a model: MAX_PREFILL_TOKENS, fewer where a
+    pass's hidden states would pass MAX_PREFILL_ACTIVATIONS."""
+    return max(1, min(MAX_PREFILL_TOKENS, MAX_PREFILL_ACTIVATIONS // hidden_size))
 
 
 @dataclass

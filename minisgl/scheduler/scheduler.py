@@ -36,7 +36,7 @@ from minisgl.request import Req
 from minisgl.sampling import RejectionCode, RequestRejected, SamplingParams
 from minisgl.scheduler.cache_manager import CacheManager, align_up
 from minisgl.scheduler.forward_pass import ForwardPass
-from minisgl.scheduler.prefill import PrefillPlan, PrefillPlanner
+from minisgl.scheduler.prefill import PrefillPlan, PrefillPlanner, default_prefill_tokens
 from minisgl.scheduler.speculative import NgramDrafter
 from minisgl.scheduler.stats import EngineStats, StatsSnapshot
 from minisgl.text.detokenizer import IncrementalDetokenizer
@@ -77,7 +77,9 @@ class Scheduler:
             cache, engine.pool.num_pages, config.page_size, engine.table,
             window, engine.window_per_request,
         )  # fmt: skip
-        self.planner = PrefillPlanner(self.cache_manager, config.schedule_policy, config.max_prefill_tokens)
+        budget = config.max_prefill_tokens or default_prefill_tokens(engine.model_config.hidden_size)
+        self.planner = PrefillPlanner(self.cache_manager, config.schedule_policy, budget)
+        logger.info("prefill: at most %d tokens per pass (longer prompts are chunked)", budget)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.compiling: list[Req] = []  # added, waiting for their grammar before they may be admitted
