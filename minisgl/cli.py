@@ -9,6 +9,7 @@ from dataclasses import asdict
 
 from minisgl.config import EngineConfig
 from minisgl.kernels.variants import KERNEL_CHOICES
+from minisgl.models.modes import QUANTIZATION_MODES
 from minisgl.server.args import add_server_args
 
 
@@ -22,7 +23,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="KV cache dtype: auto = bfloat16 when weights are quantized, else --dtype",
     )  # fmt: skip
     g.add_argument(
-        "--quantization", default=d.quantization, choices=["auto", "none", "int4", "int8"],
+        "--quantization", default=d.quantization, choices=list(QUANTIZATION_MODES),
         help="weights: auto = a quantized GGUF in its own precision (int4/int8 CPU kernels), dense otherwise; "
         "none = dequantized (fp32 is token-exact with transformers); int4/int8 = round-to-nearest at load",
     )  # fmt: skip
