@@ -519,6 +519,31 @@ def test_scheduler_exits_when_front_end_dies(tmp_path: Path) -> None:
         stop_server(srv)
 
 
+def test_sigterm_while_starting_stops_the_scheduler_and_exits_0(tmp_path: Path) -> None:
+    """The scheduler process starts before the front end's own start-up: a stop requested meanwhile
+    stops it too, before the model has loaded."""
+    import psutil
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minisgl", "serve", "--port", str(_free_port())],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        children: list[psutil.Process] = []
+        while not children and proc.poll() is None:
+            assert time.monotonic() < deadline, "no scheduler process was started"
+            children = psutil.Process(proc.pid).children(recursive=True)
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        for child in children:
+            _wait_dead(child.pid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_model_that_fails_to_load_exits_1_with_the_reason(tmp_path: Path) -> None:
     from tiny_models import build_tiny_model
 

@@ -57,6 +57,10 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     def on_engine_death() -> None:
         server.should_exit = True
 
+    # uvicorn handles SIGINT/SIGTERM (graceful shutdown), then raises the signal again once done; both
+    # end here as KeyboardInterrupt, as they do while starting, so a requested stop exits 0 and the
+    # scheduler process started below is stopped either way.
+    signal.signal(signal.SIGTERM, _interrupt)
     client = EngineClient(config, on_engine_death, level)
     client.spawn()
     try:
@@ -80,15 +84,12 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
         server = uvicorn.Server(
             uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
         )
-        # uvicorn handles SIGINT/SIGTERM (graceful shutdown), then raises the signal again once done;
-        # both then end here as KeyboardInterrupt, so a requested stop exits 0.
-        signal.signal(signal.SIGTERM, _interrupt)
         try:
             server.run(sockets=[sock])
-        except KeyboardInterrupt:
-            pass
         except SystemExit:  # uvicorn's exit when start-up failed (the model did not load); the log says why
             return 1
+    except KeyboardInterrupt:
+        pass
     finally:
         client.abandon()  # a no-op after the server's own shutdown closed it
     if client.dead:
