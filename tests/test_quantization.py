@@ -104,6 +104,45 @@ def test_int8_formats_round_to_nearest_per_row(kind: str) -> None:
     assert_matmul_close(weight, weight.dequantize())
 
 
+# fp16 scales at fp16's edges for Q4_0's minimum (-8 d): subnormals (some become normal), the
+# largest whose product fits, the smallest whose product overflows, negatives, zero, infinity, a NaN.
+EDGE_FP16_SCALES = [0x0001, 0x0080, 0x03FF, 0x0400, 0x6BFF, 0x6C00, 0x7BFF, 0x8001, 0x8000, 0x7C00, 0xFC00, 0x7E01]
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+@pytest.mark.parametrize("rows", [OUT, OUT - 6])  # whole tiles; the last tile's rows past the weight's
+def test_c_loader_writes_the_numpy_paths_tiles(kind: str, rows: int) -> None:
+    """The loader's C path (``kernels/cpu/gguf_tiles.c``) gives the bytes of the numpy path, written
+    in two calls that split a tile (a fused projection's parts)."""
+    kernels = c_kernels_or_skip()
+    blocks = gguf_blocks(kind)[:rows].copy()
+    if kind == "Q4_0":  # each block: fp16 d, 16 code bytes
+        by_block = blocks.reshape(-1, 18)
+        by_block[: len(EDGE_FP16_SCALES), :2] = np.array(EDGE_FP16_SCALES, dtype=np.uint16).view(np.uint8).reshape(-1, 2)
+    with np.errstate(over="ignore"):  # -8 d past fp16's range: infinity, on both paths
+        expected = int4_from_blocks(kind, blocks, IN)
+    weight = Int4Weight.empty(rows, IN)
+    buffers = (weight.codes, weight.scale, weight.minimum)
+    for start, end in ((0, 37), (37, rows)):
+        kernels.int4_from_gguf(torch.from_numpy(blocks[start:end]), kind == "Q4_1", start, buffers, rows)
+    for name in ("codes", "scale", "minimum"):
+        assert getattr(weight, name).view(torch.uint8).equal(getattr(expected, name).view(torch.uint8)), name
+
+
+def test_c_loader_rounds_q8_0_per_row_as_torch_does() -> None:
+    kernels = c_kernels_or_skip()
+    blocks = gguf_blocks("Q8_0").copy()
+    blocks.reshape(-1, 34)[: IN // 32] = 0  # row 0 all zeros: its scale is the smallest normal's / 127
+    expected = Int8Weight.quantize(dense_of("Q8_0", blocks))
+    weight = Int8Weight.empty(OUT, IN)
+    kernels.int8_from_q8_0(torch.from_numpy(blocks), 0, (weight.codes, weight.scale), OUT)
+    assert torch.equal(weight.codes, expected.codes) and torch.equal(weight.scale, expected.scale)
+    with pytest.raises(ValueError, match="blocks must have shape"):
+        kernels.int8_from_q8_0(torch.from_numpy(blocks[:, :-1].copy()), 0, (weight.codes, weight.scale), OUT)
+    with pytest.raises(ValueError, match="rows 1..97 outside the weight's 96"):
+        kernels.int8_from_q8_0(torch.from_numpy(blocks), 1, (weight.codes, weight.scale), OUT)
+
+
 def test_int4_round_to_nearest_error_is_half_a_step() -> None:
     dense = torch.randn(OUT, IN)
     weight = Int4Weight.quantize(dense)
@@ -154,6 +193,17 @@ def test_int4_from_the_file_is_its_dequantized_weight() -> None:
     assert torch.equal(fused.dequantize(), torch.cat([tensors.dense(n) for n in names]))
     with pytest.raises(ValueError, match="differ in columns"):
         tensors.int4(names[0], "model.layers.2.mlp.down_proj.weight")
+
+
+def test_the_file_read_through_the_c_kernels_gives_the_same_weights() -> None:
+    """Q4_1 layers and the Q8_0 embedding of the default file, with the C kernels and without."""
+    kernels = c_kernels_or_skip()
+    plain, through_c = GGUFTensors(default_model_path()), GGUFTensors(default_model_path(), kernels)
+    names = [f"model.layers.2.self_attn.{p}_proj.weight" for p in "qkv"]
+    a, b = plain.int4(*names), through_c.int4(*names)
+    assert all(torch.equal(getattr(a, n), getattr(b, n)) for n in ("codes", "scale", "minimum"))
+    a, b = plain.int8("model.embed_tokens.weight"), through_c.int8("model.embed_tokens.weight")
+    assert torch.equal(a.codes, b.codes) and torch.equal(a.scale, b.scale)
 
 
 # -- the default model end to end ----------------------------------------------------------------

@@ -6,6 +6,7 @@
 - ``paged_attention.c``: decode attention read in place from the KV pool, no gathered copy.
 - ``rms_norm.c``: RMSNorm (after a residual add) in one call instead of torch's seven ops.
 - ``rotary.c``: RoPE, with torch's roundings, for ``decode_layer.c``.
+- ``gguf_tiles.c``: a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks written into those tiles, for the loader.
 - ``decode_layer.c``: a whole decode step through int4 Llama layers, the kernels above chained in C
   (``FusedDecoder``): at one request the Python between them was a third of the step.
 
@@ -189,6 +190,11 @@ def _check_int8(name: str, weight: Int8Buffers, n: int) -> int:
     return k
 
 
+def _check_rows(first: int, rows: int, n: int) -> None:
+    if not 0 <= first <= first + rows <= n:
+        raise ValueError(f"rows {first}..{first + rows} outside the weight's {n}")
+
+
 def _check_projection(name: str, weight: Int4Buffers | Int8Buffers, n: int) -> int:
     """A projection of ``decode_layer.c`` with ``n`` output rows, int4 (three buffers) or int8 (two): its K."""
     return _check_int4(name, weight, n) if len(weight) == 3 else _check_int8(name, weight, n)
@@ -272,6 +278,27 @@ class CpuKernels:
         weight = (self.pointer(codes), self.pointer(scale))
         name = "int8_gemm_ref" if reference else "int8_gemm"
         return self._bind(name, n, k, weight, (codes, scale), threads=not reference)
+
+    def int4_from_gguf(self, blocks: torch.Tensor, q4_1: bool, first: int, weight: Int4Buffers, n: int) -> None:
+        """GGUF Q4_0 (or, with ``q4_1``, Q4_1) ``blocks`` [rows, K / 32 * block bytes] uint8 written as
+        they are into rows ``first ..`` of an [n, K] int4 weight's tiles (kernels.h's Int4)."""
+        k = _check_int4("int4 weight", weight, n)
+        _check("blocks", blocks, (torch.uint8,), (None, k // 32 * (20 if q4_1 else 18)))
+        _check_rows(first, blocks.shape[0], n)
+        p = self.pointer
+        args = (p(blocks), int(q4_1), blocks.shape[0], k, first, *map(p, weight), n, torch.get_num_threads())
+        self.raise_for("int4_tiles_from_gguf", self.lib.int4_tiles_from_gguf(*args))
+
+    def int8_from_q8_0(self, blocks: torch.Tensor, first: int, weight: Int8Buffers, n: int) -> None:
+        """GGUF Q8_0 ``blocks`` [rows, K / 32 * 34] uint8 rounded to one scale per row, as
+        ``Int8Weight.quantize`` rounds the dequantized rows, into rows ``first ..`` of an [n, K] int8
+        weight's tiles (kernels.h's Int8)."""
+        k = _check_int8("int8 weight", weight, n)
+        _check("blocks", blocks, (torch.uint8,), (None, k // 32 * 34))
+        _check_rows(first, blocks.shape[0], n)
+        p = self.pointer
+        args = (p(blocks), blocks.shape[0], k, first, *map(p, weight), n, torch.get_num_threads())
+        self.raise_for("int8_tiles_from_q8_0", self.lib.int8_tiles_from_q8_0(*args))
 
     def _bind(
         self, name: str, n: int, k: int, weight: tuple[Any, ...], keep: tuple[torch.Tensor, ...], threads: bool

@@ -152,10 +152,13 @@ class Int4Weight(QuantizedWeight):
 
     @classmethod
     def empty(cls, out_features: int, in_features: int) -> Int4Weight:
-        """An [out, in] weight of zeros, to be filled (``write_rows``)."""
+        """An [out, in] weight to be filled, every row of it (``write_rows``): only the last tile, where
+        rows past ``out_features`` must stay zero, is zeroed now (the rest would be written twice)."""
         tiles = -(-out_features // QUANT_TILE)
-        codes = torch.zeros(tiles, in_features * 8, dtype=torch.uint8)
-        scale, minimum = (torch.zeros(tiles, in_features // 2, dtype=torch.float16) for _ in range(2))
+        codes = torch.empty(tiles, in_features * 8, dtype=torch.uint8)
+        scale, minimum = (torch.empty(tiles, in_features // 2, dtype=torch.float16) for _ in range(2))
+        for buffer in (codes, scale, minimum):
+            buffer[-1:].zero_()
         return cls(codes, scale, minimum, out_features)
 
     @classmethod
@@ -326,14 +329,19 @@ class Int8Weight(QuantizedWeight):
         self.register_buffer("scale", scale)
 
     @classmethod
+    def empty(cls, out_features: int, in_features: int) -> Int8Weight:
+        """An [out, in] weight of zeros, to be filled."""
+        tiles, padded_in = -(-out_features // QUANT_TILE), -(-in_features // INT4_GROUP) * INT4_GROUP
+        codes = torch.zeros(tiles, QUANT_TILE * padded_in, dtype=torch.int8)
+        return cls(codes, torch.zeros(tiles * QUANT_TILE), out_features, in_features)
+
+    @classmethod
     def quantize(cls, w: torch.Tensor) -> Int8Weight:
         """Symmetric round-to-nearest per output row (torch's kernel has one scale per row), a band of
         rows at a time: a vocabulary-sized weight's fp32 temporaries would otherwise double its size."""
         out_features, in_features = w.shape
-        tiles, padded_in = -(-out_features // QUANT_TILE), -(-in_features // INT4_GROUP) * INT4_GROUP
-        weight = cls(
-            torch.zeros(tiles, QUANT_TILE * padded_in, dtype=torch.int8), torch.zeros(tiles * QUANT_TILE), *w.shape
-        )
+        weight = cls.empty(out_features, in_features)
+        padded_in = weight.padded_in
         codes = weight._tile_view()
         for start in range(0, out_features, _QUANTIZE_BAND):  # a multiple of the tile
             band = w[start : start + _QUANTIZE_BAND].float()

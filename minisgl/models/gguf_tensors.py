@@ -11,6 +11,11 @@ Two ways to read one:
 - ``int4``: for Q4_0 / Q4_1 / Q4_K, the file's own 4-bit codes, scale and minimum per group of 32 in
   ``Int4Weight``'s layout, taken from the blocks without going through fp32 (exact; Q4_K's products
   of two scales rounded to fp16).
+- ``int8``: rounded to int8 with one scale per row (``Int8Weight.quantize`` of the dense values).
+
+With the C kernels, Q4_0 / Q4_1 and Q8_0 blocks go into the tiles in one pass over the map
+(``kernels/cpu/gguf_tiles.c``, the same bytes as the numpy and torch path here, which runs without
+them): that path's temporaries took about a second of a 1.7B model's start.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from minisgl.layers.quant import INT4_GROUP, Int4Weight
+from minisgl.kernels.native import CpuKernels
+from minisgl.layers.quant import INT4_GROUP, Int4Weight, Int8Weight
 from minisgl.models.gguf_arch import GGUFArch, gguf_arch, hf_tensors
 
 # Formats whose values are exactly q * scale + minimum on groups of 32 with q in 0..15.
@@ -156,7 +162,9 @@ class GGUFTensors:
     weights built from them at once, twice the model at its peak. The pages stay in the page cache,
     so a tensor read again (a tensor-parallel rank's second slice) is only faulted back in."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, kernels: CpuKernels | None = None) -> None:
+        """``kernels``: the C kernels that build the quantized weights they can (None: numpy and torch)."""
+        self._kernels = kernels
         with path.open("rb") as f:
             try:
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -220,18 +228,43 @@ class GGUFTensors:
         """The file's 4-bit codes and grid as an ``Int4Weight`` (Q4_0 / Q4_1 / Q4_K, a multiple of
         32 columns); several tensors' rows one after another (a fused projection), each written in
         place: no concatenated copy."""
+        parts, k = self._parts(names)
+        weight = Int4Weight.empty(sum(len(blocks) for blocks, _, _ in parts), k)
+        row = 0
+        for name, (blocks, kind, _) in zip(names, parts):
+            if self._kernels is not None and kind.name in ("Q4_0", "Q4_1"):
+                buffers = (weight.codes, weight.scale, weight.minimum)
+                tensor = _read_only_tensor(np.ascontiguousarray(blocks))
+                self._kernels.int4_from_gguf(tensor, kind.name == "Q4_1", row, buffers, weight.out_features)
+            else:
+                int4_into(weight, row, kind.name, blocks, k, f"{self.name}: {name}")
+            self._release(blocks)
+            row += len(blocks)
+        return weight
+
+    def int8(self, *names: str) -> Int8Weight:
+        """The tensors' rows one after another rounded to int8 with one scale per row, as
+        ``Int8Weight.quantize`` rounds their dense values."""
+        parts, k = self._parts(names)
+        if self._kernels is None or any(kind.name != "Q8_0" for _, kind, _ in parts):
+            dense = [self.dense(name) for name in names]
+            return Int8Weight.quantize(torch.cat(dense) if len(dense) > 1 else dense[0])
+        weight = Int8Weight.empty(sum(len(blocks) for blocks, _, _ in parts), k)
+        row = 0
+        for blocks, _, _ in parts:
+            tensor = _read_only_tensor(np.ascontiguousarray(blocks))
+            self._kernels.int8_from_q8_0(tensor, row, (weight.codes, weight.scale), weight.out_features)
+            self._release(blocks)
+            row += len(blocks)
+        return weight
+
+    def _parts(self, names: tuple[str, ...]) -> tuple[list[tuple[np.ndarray, Any, int]], int]:
+        """The named tensors (blocks, type, columns), which make one weight: their common columns."""
         parts = [self._tensors[name] for name in names]
         columns = {part[2] for part in parts}
         if len(columns) != 1:
             raise ValueError(f"{self.name}: {', '.join(names)} differ in columns ({sorted(columns)}): not one weight")
-        (k,) = columns
-        weight = Int4Weight.empty(sum(len(blocks) for blocks, _, _ in parts), k)
-        row = 0
-        for name, (blocks, kind, _) in zip(names, parts):
-            int4_into(weight, row, kind.name, blocks, k, f"{self.name}: {name}")
-            self._release(blocks)
-            row += len(blocks)
-        return weight
+        return parts, columns.pop()
 
     def _pages(self, blocks: np.ndarray) -> tuple[int, int] | None:
         """The map's whole pages inside ``blocks`` (start, end offsets), or None: none, or blocks that

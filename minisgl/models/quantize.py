@@ -112,7 +112,9 @@ def _choose_auto(spec: WeightSpec, read_dense: DenseReader, gguf: GGUFTensors) -
     if all(k in INT4_EXACT for k in kinds) and spec.module.shape[1] % INT4_GROUP == 0:
         return Choice(_shard(gguf, spec.sources, spec.module.partition), f"{what}int4 ({label}, exact codes)")
     if all(k in INT8_NEAREST or k in INT4_EXACT for k in kinds):
-        return Choice(Int8Weight.quantize(read_dense(spec)), f"{what}int8 per row ({label} requantized)")
+        partition = spec.module.partition
+        weight = gguf.int8(*spec.sources) if partition is None else Int8Weight.quantize(read_dense(spec))
+        return Choice(weight, f"{what}int8 per row ({label} requantized)")
     return Choice(None, f"{what}dense ({label}: no CPU kernel for it)")
 
 

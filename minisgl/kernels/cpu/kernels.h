@@ -2,8 +2,8 @@
 // native.py reads this file (cffi parses it: plain declarations only, no macros or inline code)
 // and binds the library through it. The helpers the sources share internally are in simd.h.
 //
-// Each entry point has a plain C reference (`*_ref`), compiled into every library and exported, that
-// the tests check the library's SIMD body against. Functions that return int return 0 on success,
+// Each entry point with a SIMD body has a plain C reference (`*_ref`), compiled into every library and
+// exported, that the tests check the library's SIMD body against. Functions that return int return 0 on success,
 // else one of these codes.
 #pragma once
 #include <stdint.h>
@@ -100,3 +100,12 @@ int64_t decode_layer_scratch(int64_t batch, int64_t hidden, int64_t heads, int64
                              int64_t intermediate);
 int decode_layers(const Layer *layers, int64_t count, const Step *s, const float *x, float *residual, float *out,
                   float *buffer);
+
+// A GGUF file's blocks written into rows [first, first + rows) of an [N, K] weight's tiles (gguf_tiles.c,
+// the loader's): Q4_0 (q4_1 = 0: 18-byte blocks, fp16 d and 16 code bytes; minimum -8 d) or Q4_1
+// (20 bytes: fp16 d, fp16 m, 16 code bytes) as they are, Q8_0 (34 bytes: fp16 d, 32 int8 codes)
+// rounded to one scale per row as Int8Weight.quantize rounds the dequantized row.
+int int4_tiles_from_gguf(const uint8_t *blocks, int q4_1, int64_t rows, int64_t K, int64_t first, uint8_t *codes,
+                         uint16_t *scale, uint16_t *minimum, int64_t N, int threads);
+int int8_tiles_from_q8_0(const uint8_t *blocks, int64_t rows, int64_t K, int64_t first, int8_t *codes, float *scale,
+                         int64_t N, int threads);
