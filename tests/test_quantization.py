@@ -118,7 +118,8 @@ def test_c_loader_writes_the_numpy_paths_tiles(kind: str, rows: int) -> None:
     blocks = gguf_blocks(kind)[:rows].copy()
     if kind == "Q4_0":  # each block: fp16 d, 16 code bytes
         by_block = blocks.reshape(-1, 18)
-        by_block[: len(EDGE_FP16_SCALES), :2] = np.array(EDGE_FP16_SCALES, dtype=np.uint16).view(np.uint8).reshape(-1, 2)
+        edges = np.array(EDGE_FP16_SCALES, dtype=np.uint16).view(np.uint8)
+        by_block[: len(EDGE_FP16_SCALES), :2] = edges.reshape(-1, 2)
     with np.errstate(over="ignore"):  # -8 d past fp16's range: infinity, on both paths
         expected = int4_from_blocks(kind, blocks, IN)
     weight = Int4Weight.empty(rows, IN)

@@ -178,7 +178,9 @@ def load_model(
     specs = _weight_specs(model)
     with ExitStack() as stack:
         checkpoint: Checkpoint = (
-            GGUFCheckpoint(GGUFTensors(gguf_file, kernels)) if gguf_file is not None else SafetensorsCheckpoint(folder, stack)
+            GGUFCheckpoint(GGUFTensors(gguf_file, kernels))
+            if gguf_file is not None
+            else SafetensorsCheckpoint(folder, stack)
         )
         gguf = checkpoint.gguf if quantization == "auto" else None  # int4 / int8 round the dense values
         plan, summary = plan_quantization(specs, quantization, partial(_read_dense, checkpoint), gguf)
