@@ -151,6 +151,7 @@ def test_sentencepiece_gguf_tokenizes_like_transformers_gguf_loader(arch: str, t
     path = write_gguf(folder, tmp_path / f"{arch}.gguf", "default", spm=vocab, chat_template=TEMPLATE)
     reference = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
     converted = gguf_tokenizer(gguf_model_folder(path, tmp_path / "cache"))  # what the engine loads
+    assert type(converted) is type(reference)
     byte_ids = {i for i, t in enumerate(vocab.tokens) if t.startswith("<0x")}
     for text in TEXTS:
         ids = reference.encode(text)

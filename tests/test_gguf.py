@@ -113,6 +113,7 @@ def test_config_matches_reference(folder: Path, reference: PreTrainedModel) -> N
 def test_tokenizer_matches_transformers_gguf_tokenizer(folder: Path) -> None:
     ours = gguf_tokenizer(folder)  # what the engine and the server load
     theirs = AutoTokenizer.from_pretrained(str(GGUF_PATH.parent), gguf_file=GGUF_PATH.name)
+    assert type(ours) is type(theirs)  # the class AutoTokenizer chooses, chosen without it
     for text in SAMPLES:
         ids = ours.encode(text)
         assert ids == theirs.encode(text), text

@@ -116,7 +116,7 @@ def _write_folder(gguf_path: Path, out: Path) -> None:
     tensors = GGUFTensors(gguf_path)
     check_tensors(arch, config, {name: tensors.shape(name) for name in tensors.names()}, gguf_path.name)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    _write_tokenizer(gguf_path, fields, config["max_position_embeddings"], out)
+    _write_tokenizer(gguf_path, fields, config, out)
 
 
 def _f32_to_decimal(x: float) -> float:
@@ -195,12 +195,17 @@ def _rope_scaling(fields: dict[str, Any], arch_name: str) -> dict[str, Any] | No
     return scaling
 
 
-def _write_tokenizer(gguf_path: Path, fields: dict[str, Any], context_length: int, out: Path) -> None:
-    from transformers import AutoTokenizer
+def _write_tokenizer(gguf_path: Path, fields: dict[str, Any], config: dict[str, Any], out: Path) -> None:
+    import transformers
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    # The class AutoTokenizer would choose for the model type (its generic one where it maps none),
+    # chosen from the config written above: AutoTokenizer would first read the model's config from
+    # the GGUF again with the gguf package's reader, seconds for a vocabulary of 49k tokens.
+    name = TOKENIZER_MAPPING_NAMES.get(config["model_type"]) or "TokenizersBackend"
+    tokenizer = getattr(transformers, name).from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     # transformers leaves a 1e30 placeholder; the real limit is the trained context.
-    tokenizer.model_max_length = context_length
+    tokenizer.model_max_length = config["max_position_embeddings"]
     tokenizer.save_pretrained(str(out))
 
     # Reload what was written as users get it, and check the parts serving relies on.
