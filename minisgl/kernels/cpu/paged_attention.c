@@ -5,9 +5,12 @@
 // The torch path gathers every request's K and V into a padded copy per layer, then runs SDPA: at
 // one request the gather, the views and the call cost ~60 us a layer, several times the
 // arithmetic. Here each (request, KV head) reads its keys and values where they lie, for all the
-// query heads that share them (GQA), with a numerically safe two-pass softmax.
+// query heads that share them (GQA), with a numerically safe two-pass softmax. The SIMD body dots a
+// query with KEYS keys at once, exponentiates the scores a vector at a time, and reads each row of
+// values once per pass (CHUNKS vectors of it): with many requests the step is bound by reading the
+// pool, a row of which is kv_heads x d values (4 KB at 32 heads of 64, bf16).
 //
-// Threads: (request, KV head) pairs are split over `threads` OpenMP threads.
+// Threads: (KV head, request) pairs are split over `threads` OpenMP threads, KV head outer.
 
 #include <math.h>
 #include <stdint.h>
@@ -101,6 +104,14 @@ typedef __m512 VecF;
 #define vec_load _mm512_loadu_ps
 #define vec_store _mm512_storeu_ps
 #define vec_fmadd _mm512_fmadd_ps
+#define vec_add _mm512_add_ps
+#define vec_sub _mm512_sub_ps
+#define vec_mul _mm512_mul_ps
+#define vec_max _mm512_max_ps
+#define vec_round(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+// 2^n for whole n in fp32's normal range: n + 127 as the exponent field.
+#define vec_pow2(n) \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
 #define vec_div _mm512_div_ps
 #define vec_sum _mm512_reduce_add_ps
 // WIDTH values of a pool row (fp32, or bf16 widened) starting at element `at`.
@@ -118,6 +129,13 @@ typedef __m256 VecF;
 #define vec_load _mm256_loadu_ps
 #define vec_store _mm256_storeu_ps
 #define vec_fmadd _mm256_fmadd_ps
+#define vec_add _mm256_add_ps
+#define vec_sub _mm256_sub_ps
+#define vec_mul _mm256_mul_ps
+#define vec_max _mm256_max_ps
+#define vec_round(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define vec_pow2(n) \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
 #define vec_div _mm256_div_ps
 #define vec_sum sum256
 static inline VecF load_kv(const void *pool, int64_t at, int bf16) {
@@ -128,10 +146,46 @@ static inline VecF load_kv(const void *pool, int64_t at, int bf16) {
 static inline void store_bf16(uint16_t *to, VecF x) { _mm_storeu_si128((__m128i *)to, round_to_bf16_256(x)); }
 #endif
 
-static inline float dot(const float *a, const void *pool, int64_t at, int64_t d, int bf16) {
-    VecF acc = vec_zero();
-    for (int64_t i = 0; i < d; i += WIDTH) acc = vec_fmadd(vec_load(a + i), load_kv(pool, at + i, bf16), acc);
-    return vec_sum(acc);
+// e^x for x <= 0 (scores minus their maximum), WIDTH at a time: x = n ln 2 + r with |r| <= ln 2 / 2
+// (ln 2 in two parts, so that n ln 2 is exact), e^r by Cephes' expf polynomial, times 2^n. Within
+// a couple of fp32 ulps of expf; below -87 (e^x under fp32's smallest normal), e^-87.
+static inline VecF vec_exp(VecF x) {
+    x = vec_max(x, vec_set1(-87.0f));
+    const VecF n = vec_round(vec_mul(x, vec_set1(1.44269504088896341f)));
+    VecF r = vec_sub(x, vec_mul(n, vec_set1(0.693359375f)));
+    r = vec_sub(r, vec_mul(n, vec_set1(-2.12194440e-4f)));
+    VecF y = vec_set1(1.9875691500e-4f);
+    y = vec_fmadd(y, r, vec_set1(1.3981999507e-3f));
+    y = vec_fmadd(y, r, vec_set1(8.3334519073e-3f));
+    y = vec_fmadd(y, r, vec_set1(4.1665795894e-2f));
+    y = vec_fmadd(y, r, vec_set1(1.6666665459e-1f));
+    y = vec_fmadd(y, r, vec_set1(5.0000001201e-1f));
+    y = vec_add(vec_fmadd(y, vec_mul(r, r), r), vec_set1(1.0f));
+    return vec_mul(y, vec_pow2(n));
+}
+
+// A request's keys lie a pool row apart (or further): no hardware prefetcher follows them, so each
+// key's lines are asked for this many keys ahead.
+#define AHEAD 16
+
+static inline void prefetch_kv(const void *pool, int64_t at, int64_t d, int bf16) {
+    const char *first = (const char *)pool + at * (bf16 ? 2 : 4);
+    for (int64_t byte = 0; byte < d * (bf16 ? 2 : 4); byte += 64) _mm_prefetch(first + byte, _MM_HINT_T0);
+}
+
+#define KEYS 4    // keys a query is dotted with at once: independent chains of fmas
+#define CHUNKS 4  // vectors of a row of values summed at once (independent chains)
+
+// a . pool[key[u] ..] for the first `count` (at most KEYS) keys, into out.
+static inline void dot_keys(const float *a, const void *pool, const int64_t *key, int64_t count, int64_t d, int bf16,
+                            float *out) {
+    VecF acc[KEYS];
+    for (int64_t u = 0; u < KEYS; u++) acc[u] = vec_zero();
+    for (int64_t i = 0; i < d; i += WIDTH) {
+        const VecF x = vec_load(a + i);
+        for (int64_t u = 0; u < count; u++) acc[u] = vec_fmadd(x, load_kv(pool, key[u] + i, bf16), acc[u]);
+    }
+    for (int64_t u = 0; u < count; u++) out[u] = vec_sum(acc[u]);
 }
 
 // `count` fp32 values (a multiple of WIDTH) into the pool at element `at`.
@@ -168,39 +222,71 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < batch * kv_heads; task++) {
             if (scores == NULL) continue;
-            const int64_t b = task / kv_heads, h = task % kv_heads, n = kv_lens[b];
+            // KV head outer: requests that share a prefix read its keys from the cache in turn.
+            const int64_t h = task / batch, b = task % batch, n = kv_lens[b];
             const int64_t *slots = kv_slots + b * stride;
             const float *qh = q + (b * heads + h * group) * d;
             float *oh = out + (b * heads + h * group) * d;
             float top[MAX_GROUP], total[MAX_GROUP];
             for (int64_t g = 0; g < group; g++) top[g] = -INFINITY;
-            for (int64_t j = 0; j < n; j++) {
-                const int64_t key = (slots[j] * kv_heads + h) * d;
+            for (int64_t j = 0; j < n; j += KEYS) {  // KEYS keys at a time: independent chains
+                const int64_t count = n - j < KEYS ? n - j : KEYS;
+                int64_t key[KEYS];
+                for (int64_t u = 0; u < count; u++) key[u] = (slots[j + u] * kv_heads + h) * d;
+                for (int64_t u = j + AHEAD; u < j + AHEAD + KEYS && u < n; u++)
+                    prefetch_kv(k_pool, (slots[u] * kv_heads + h) * d, d, kv_bf16);
                 for (int64_t g = 0; g < group; g++) {
-                    const float s = dot(qh + g * d, k_pool, key, d, kv_bf16) * scale;
-                    scores[g * n + j] = s;
-                    top[g] = s > top[g] ? s : top[g];
+                    float dots[KEYS];
+                    dot_keys(qh + g * d, k_pool, key, count, d, kv_bf16, dots);
+                    for (int64_t u = 0; u < count; u++) {
+                        const float s = dots[u] * scale;
+                        scores[g * n + j + u] = s;
+                        top[g] = s > top[g] ? s : top[g];
+                    }
                 }
             }
             for (int64_t g = 0; g < group; g++) {
-                float sum = 0.0f;
-                for (int64_t j = 0; j < n; j++) {
-                    const float e = expf(scores[g * n + j] - top[g]);
-                    scores[g * n + j] = e;
-                    sum += e;
+                float *row = scores + g * n;
+                VecF sums = vec_zero();
+                int64_t j = 0;
+                for (; j + WIDTH <= n; j += WIDTH) {
+                    const VecF e = vec_exp(vec_sub(vec_load(row + j), vec_set1(top[g])));
+                    vec_store(row + j, e);
+                    sums = vec_add(sums, e);
+                }
+                float sum = vec_sum(sums);
+                for (; j < n; j++) {
+                    row[j] = expf(row[j] - top[g]);
+                    sum += row[j];
                 }
                 total[g] = sum;
             }
-            // Accumulate the weighted values WIDTH dimensions at a time for every query head.
-            for (int64_t i = 0; i < d; i += WIDTH) {
-                VecF acc[MAX_GROUP];
-                for (int64_t g = 0; g < group; g++) acc[g] = vec_zero();
-                for (int64_t j = 0; j < n; j++) {
-                    const VecF value = load_kv(v_pool, (slots[j] * kv_heads + h) * d + i, kv_bf16);
-                    for (int64_t g = 0; g < group; g++) acc[g] = vec_fmadd(vec_set1(scores[g * n + j]), value, acc[g]);
+            // The weighted values, CHUNKS vectors of dimensions at a time for each query head: each row
+            // of values is read once per pass whatever d (4 KB apart, a row read in several passes would
+            // leave the cache between them).
+            for (int64_t i = 0; i < d; i += CHUNKS * WIDTH) {
+                const int64_t chunks = (d - i) / WIDTH < CHUNKS ? (d - i) / WIDTH : CHUNKS;
+                for (int64_t g = 0; g < group; g++) {
+                    VecF even[CHUNKS], odd[CHUNKS];  // two chains per vector: even and odd keys
+                    for (int64_t c = 0; c < CHUNKS; c++) even[c] = odd[c] = vec_zero();
+                    const float *weight = scores + g * n;
+                    for (int64_t j = 0; j < n; j += 2) {
+                        for (int64_t u = j + AHEAD; u < j + AHEAD + 2 && u < n; u++)
+                            prefetch_kv(v_pool, (slots[u] * kv_heads + h) * d + i, chunks * WIDTH, kv_bf16);
+                        const int64_t row = (slots[j] * kv_heads + h) * d + i;
+                        const VecF w = vec_set1(weight[j]);
+                        for (int64_t c = 0; c < chunks; c++)
+                            even[c] = vec_fmadd(w, load_kv(v_pool, row + c * WIDTH, kv_bf16), even[c]);
+                        if (j + 1 == n) break;
+                        const int64_t next = (slots[j + 1] * kv_heads + h) * d + i;
+                        const VecF w1 = vec_set1(weight[j + 1]);
+                        for (int64_t c = 0; c < chunks; c++)
+                            odd[c] = vec_fmadd(w1, load_kv(v_pool, next + c * WIDTH, kv_bf16), odd[c]);
+                    }
+                    const VecF divisor = vec_set1(total[g] > 0.0f ? total[g] : 1.0f);
+                    for (int64_t c = 0; c < chunks; c++)
+                        vec_store(oh + g * d + i + c * WIDTH, vec_div(vec_add(even[c], odd[c]), divisor));
                 }
-                for (int64_t g = 0; g < group; g++)
-                    vec_store(oh + g * d + i, vec_div(acc[g], vec_set1(total[g] > 0.0f ? total[g] : 1.0f)));
             }
         }
     }
