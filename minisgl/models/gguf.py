@@ -201,7 +201,7 @@ def _write_tokenizer(gguf_path: Path, fields: dict[str, Any], config: dict[str, 
 
     # The class AutoTokenizer would choose for the model type (its generic one where it maps none),
     # chosen from the config written above: AutoTokenizer would first read the model's config from
-    # the GGUF again with the gguf package's reader, seconds for a vocabulary of 49k tokens.
+    # the GGUF again, with the gguf package's reader, which parses every token of the vocabulary.
     name = TOKENIZER_MAPPING_NAMES.get(config["model_type"]) or "TokenizersBackend"
     tokenizer = getattr(transformers, name).from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     # transformers leaves a 1e30 placeholder; the real limit is the trained context.

@@ -14,8 +14,8 @@ Two ways to read one:
 - ``int8``: rounded to int8 with one scale per row (``Int8Weight.quantize`` of the dense values).
 
 With the C kernels, Q4_0 / Q4_1 and Q8_0 blocks go into the tiles in one pass over the map
-(``kernels/cpu/gguf_tiles.c``, the same bytes as the numpy and torch path here, which runs without
-them): that path's temporaries took about a second of a 1.7B model's start.
+(``kernels/cpu/gguf_tiles.c``): the same bytes as the numpy and torch path here, which runs without
+them, without its copies and fp32 temporaries (a start-up cost: ``benchmarks.cold_start``).
 """
 
 from __future__ import annotations
