@@ -148,9 +148,10 @@ static inline void store_bf16(uint16_t *to, VecF x) { _mm_storeu_si128((__m128i 
 
 // e^x for x <= 0 (scores minus their maximum), WIDTH at a time: x = n ln 2 + r with |r| <= ln 2 / 2
 // (ln 2 in two parts, so that n ln 2 is exact), e^r by Cephes' expf polynomial, times 2^n. Within
-// a couple of fp32 ulps of expf; below -87 (e^x under fp32's smallest normal), e^-87.
+// a couple of fp32 ulps of expf; below -87 (e^x under fp32's smallest normal), e^-87; a NaN stays one
+// (max gives its second operand where either is a NaN).
 static inline VecF vec_exp(VecF x) {
-    x = vec_max(x, vec_set1(-87.0f));
+    x = vec_max(vec_set1(-87.0f), x);
     const VecF n = vec_round(vec_mul(x, vec_set1(1.44269504088896341f)));
     VecF r = vec_sub(x, vec_mul(n, vec_set1(0.693359375f)));
     r = vec_sub(r, vec_mul(n, vec_set1(-2.12194440e-4f)));
@@ -222,7 +223,7 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < batch * kv_heads; task++) {
             if (scores == NULL) continue;
-            // KV head outer: requests that share a prefix read its keys from the cache in turn.
+            // KV head outer: requests that share a prefix read the same rows close together in time.
             const int64_t h = task / batch, b = task % batch, n = kv_lens[b];
             const int64_t *slots = kv_slots + b * stride;
             const float *qh = q + (b * heads + h * group) * d;
