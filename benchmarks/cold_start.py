@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -25,9 +24,11 @@ from benchmarks.machine import load_average, machine_info, tree_peak_rss
 from benchmarks.scale_model import SCALE_MODELS, resolve_scale_model
 from benchmarks.server import STARTUP_TIMEOUT_S, free_port
 
+# The last line it prints is its own peak resident KiB (RUSAGE_CHILDREN would give the largest of every run).
 SCRIPT = (
-    "import sys; from minisgl import LLM, SamplingParams; "
-    "LLM(sys.argv[1] or None, kv_memory_gb=float(sys.argv[2])).generate(['Hello'], SamplingParams(max_tokens=1), use_tqdm=False)"
+    "import resource, sys; from minisgl import LLM, SamplingParams; "
+    "LLM(sys.argv[1] or None, kv_memory_gb=float(sys.argv[2])).generate(['Hello'], SamplingParams(max_tokens=1), use_tqdm=False); "
+    "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
 )
 
 
@@ -35,8 +36,8 @@ def start(model: str, kv_gb: float, cache: Path) -> tuple[float, int]:
     """Seconds to the first token, and the process's peak resident bytes."""
     begin = time.perf_counter()
     env = {**os.environ, "MINISGL_CACHE_DIR": str(cache)}
-    subprocess.run([sys.executable, "-c", SCRIPT, model, str(kv_gb)], check=True, capture_output=True, env=env)
-    return time.perf_counter() - begin, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    done = subprocess.run([sys.executable, "-c", SCRIPT, model, str(kv_gb)], check=True, capture_output=True, env=env)
+    return time.perf_counter() - begin, int(done.stdout.split()[-1]) * 1024
 
 
 def start_server(model: str, kv_gb: float, cache: Path) -> tuple[float, int]:

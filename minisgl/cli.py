@@ -11,6 +11,7 @@ from minisgl.config import EngineConfig
 from minisgl.kernels.variants import KERNEL_CHOICES
 from minisgl.models.modes import QUANTIZATION_MODES
 from minisgl.server.args import add_server_args
+from minisgl.tuning import MAX_PREFILL_ACTIVATIONS, MAX_PREFILL_TOKENS
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +45,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--page-size", type=int, default=d.page_size, help="tokens per KV page")
     g.add_argument("--cache-type", default=d.cache_type, choices=["radix", "naive"], help="prefix cache: radix reuses shared prefixes, naive reuses nothing")
     g.add_argument("--schedule-policy", default=d.schedule_policy, choices=["lpm", "fcfs"], help="lpm: longest cached prefix first; fcfs: arrival order")
-    g.add_argument("--max-prefill-tokens", type=int, default=None, help="token budget of one prefill pass; longer prompts are chunked (default: 2048, fewer for a hidden size over 1024)")
+    g.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens, help=f"token budget of one prefill pass; longer prompts are chunked (default: {MAX_PREFILL_TOKENS}, fewer where tokens x hidden size would pass {MAX_PREFILL_ACTIVATIONS})")
     g.add_argument("--num-threads", type=int, default=None, help="torch threads on CPU, per rank (default: all cores, shared out among the ranks of a node)")
     g.add_argument("--seed", type=int, default=d.seed, help="seed for requests that sample without their own seed")
     g.add_argument("--no-jump-forward", action="store_false", dest="jump_forward", help="constrained requests sample every token, even those their grammar forces")
