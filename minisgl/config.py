@@ -46,9 +46,10 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads on CPU (per rank); None = all cores / ranks per node
     seed: int = 0
     jump_forward: bool = True  # constrained requests append the text their grammar forces without sampling it
-    # none | ngram: decoding requests propose tokens copied from their own context or the radix tree,
-    # verified together in one pass (scheduler/speculative.py)
-    speculative_algorithm: str = "none"
+    # ngram | none: decoding requests propose tokens copied from their own context or the radix tree,
+    # verified together in one pass (scheduler/speculative.py). On by default: a draft is only as long
+    # as its tokens pay for their rows of the pass, so where drafts fail it falls to an occasional probe.
+    speculative_algorithm: str = "ngram"
     speculative_max_draft: int = 8  # most tokens proposed for one request in one pass
     speculative_ngram_min: int = 2  # shortest suffix of a request's tokens looked up in its earlier tokens
     speculative_ngram_max: int = 4  # longest (tried first)

@@ -32,9 +32,14 @@ MLP_BAND_ROWS = 256
 # names); decode tok/s by batch: ``python -m benchmarks.throughput_sweep --batch-sizes 16 32 64``.
 FUSED_DECODE_MAX_BATCH = 64
 # Speculative decoding drafts only while a pass keeps at most this many tokens (its decoding requests
-# and their drafts): the harness's copy, multi-turn and shared-prefix workloads with ``minisgl-spec``
-# against ``minisgl`` (``python -m benchmarks --online minisgl,minisgl-spec``).
+# and their drafts): the harness's copy, multi-turn and shared-prefix workloads with ``minisgl`` against
+# ``minisgl-nospec`` (``python -m benchmarks --online minisgl,minisgl-nospec``).
 DRAFT_MAX_PASS_ROWS = 16
+# Each decode pass's weight in the drafter's fit of pass time against rows (``PassCost``) decays by this
+# factor per later pass: the fit follows about the last 1 / (1 - 0.97) = 33 passes, long enough for the row
+# counts to vary, short enough to follow a machine whose speed drifts. By design; the harness's copy and
+# multi-turn workloads with ``minisgl`` against ``minisgl-nospec`` show its effect.
+PASS_COST_DECAY = 0.97
 
 # -- attention (``attention/``) ----------------------------------------------------------------------
 # A KV run shared by at least this many slots is attended once for its group (``CascadeDecode``);

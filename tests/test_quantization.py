@@ -292,6 +292,7 @@ def assert_fused_matches_layers(
     fused_decoder = model._fused_decoder
     assert fused_decoder is not None
     fused_steps: list[int] = []
+    monkeypatch.setattr(llm.scheduler, "drafter", None)  # one token a step: the two runs' steps pair up
     monkeypatch.setattr(fused_decoder, "run", lambda *args, run=fused_decoder.run: fused_steps.append(1) or run(*args))
     prompts = [[5, 9, 200, 17, 33], [7, 7, 81, 4], [100, 3]]
     params = SamplingParams(max_tokens=max_tokens if steps is None else steps + 1, ignore_eos=True)

@@ -24,7 +24,7 @@ from minisgl.config import EngineConfig
 from minisgl.kvcache.radix_cache import RadixPrefixCache
 from minisgl.request import Req
 from minisgl.scheduler.forward_pass import ForwardPass
-from minisgl.scheduler.speculative import PROBE_INTERVAL, NgramDrafter
+from minisgl.scheduler.speculative import PROBE_INTERVAL, NgramDrafter, PassCost, paying_tokens
 from minisgl.scheduler.stats import StatsSnapshot
 from minisgl.server.metrics import ServerMetrics
 from minisgl.tuning import DRAFT_MAX_PASS_ROWS
@@ -109,6 +109,71 @@ def test_the_draft_length_falls_to_zero_and_probes_again() -> None:
     assert len(drafter.drafts([req])[req]) == 2
 
 
+# -- what a draft's rows cost ---------------------------------------------------------------------
+def timed(fixed: float, per_row: float, rows: list[int]) -> PassCost:
+    """A PassCost that has seen passes of these row counts on a machine with this line."""
+    cost = PassCost()
+    for n in rows:
+        cost.observe(n, fixed + per_row * n)
+    return cost
+
+
+def test_pass_cost_fits_the_line_through_the_passes_once_their_rows_vary() -> None:
+    assert timed(0.004, 0.002, [1] * 50).line is None  # one row count: no slope to see
+    cost = timed(0.004, 0.002, [1] * 50 + [4, 1, 6, 1, 9, 1])
+    assert cost.line == pytest.approx((0.004, 0.002))
+    assert cost.row_share(1) == pytest.approx(0.002 / 0.006)
+    assert cost.row_share(8) == pytest.approx(0.016 / 0.020)
+    for _ in range(200):  # the rows stop varying: the last line is kept
+        cost.observe(1, 0.006)
+    assert cost.line == pytest.approx((0.004, 0.002))
+
+
+def test_pass_cost_follows_a_machine_that_slows_down() -> None:
+    cost = timed(0.004, 0.002, [1, 5, 2, 8] * 20)
+    for _ in range(60):
+        for n in (1, 5, 2, 8):
+            cost.observe(n, 2 * (0.004 + 0.002 * n))
+    assert cost.line == pytest.approx((0.008, 0.004), rel=0.01)
+
+
+@given(keep_rate=st.floats(0.0, 1.0), bar=st.floats(0.0, 1.0), most=st.integers(0, 20))
+def test_paying_tokens_are_those_kept_with_a_chance_over_the_bar(keep_rate: float, bar: float, most: int) -> None:
+    count = paying_tokens(keep_rate, bar, most)
+    assert count == sum(keep_rate**i > bar for i in range(1, most + 1))
+
+
+def test_a_draft_is_as_long_as_its_tokens_pay_for_their_rows() -> None:
+    """A pass whose fixed cost is twice a row's: alone, a draft token pays from a one-in-three chance
+    of being kept; among 8 requests, from eight in ten."""
+    cost = timed(0.004, 0.002, [1, 3, 1, 5] * 10)
+    drafter = NgramDrafter(RadixPrefixCache("cpu"), 8, 1, 1, cost)
+    req = decoding_req([7] * 50, max_tokens=1000)
+    lengths = []
+    for _ in range(6):
+        draft = drafter.drafts([req])[req]
+        lengths.append(len(draft))
+        drafter.verified(req, len(draft), len(draft))  # every draft is kept
+    # Keep rates 1/2, 2/3, 4/5, 8/9, then over 0.94: 0.5 > 1/3 > 0.5^2, (2/3)^2 > 1/3 > (2/3)^3, ...
+    assert lengths == [1, 2, 4, 8, 8, 8]
+    crowd = [decoding_req([7] * 50, max_tokens=1000) for _ in range(7)]
+    # Kept 32 of 33: (32/33)^7 = 0.806 > 0.8 > (32/33)^8; the others' even prior pays for nothing.
+    assert drafter.drafts([req, *crowd]) == {req: [7] * 7}
+
+
+def test_drafts_that_never_pay_are_only_probed() -> None:
+    cost = timed(0.0015, 0.002, [1, 3, 1, 5] * 10)  # alone, a row is 4/7 of the pass: over the even prior
+    drafter = NgramDrafter(RadixPrefixCache("cpu"), 8, 1, 1, cost)
+    req = decoding_req([7] * 50, max_tokens=1000)
+    lengths = []
+    for _ in range(4 * PROBE_INTERVAL):
+        draft = drafter.drafts([req]).get(req, [])
+        lengths.append(len(draft))
+        if draft:
+            drafter.verified(req, len(draft), 0)
+    assert lengths == [int((i + 1) % PROBE_INTERVAL == 0) for i in range(4 * PROBE_INTERVAL)]
+
+
 # -- the radix tree's continuations ----------------------------------------------------------------
 def reference_continuation(sequences: list[list[int]], context: list[int], max_len: int) -> list[int]:
     """Token by token, the next token of the latest inserted sequence that extends what is known."""
@@ -163,24 +228,25 @@ def run(llm: LLM, prompts: list[str] | list[list[int]], params: SamplingParams |
 
 def test_smollm_greedy_is_the_same_with_drafts_alone_and_batched(fresh_smollm: LLM) -> None:
     llm, params = fresh_smollm, SamplingParams(max_tokens=24)
-    plain = [o["token_ids"] for o in run(llm, COPY_PROMPTS, params)]
-    llm.flush_cache()
-    defaults = EngineConfig(speculative_algorithm="ngram")
-    # The shared engine, with speculation switched on for this test only.
-    llm.scheduler.drafter = NgramDrafter(
-        llm.scheduler.cache_manager.cache,
-        defaults.speculative_max_draft,
-        defaults.speculative_ngram_min,
-        defaults.speculative_ngram_max,
-    )
+    shipped, defaults = llm.scheduler.drafter, EngineConfig()
     try:
+        llm.scheduler.drafter = None  # the shared engine, without speculation for the reference
+        plain = [o["token_ids"] for o in run(llm, COPY_PROMPTS, params)]
+        llm.flush_cache()
+        # The default drafter, drafting whatever a row costs (this test's draft counts must not depend on timing).
+        llm.scheduler.drafter = NgramDrafter(
+            llm.scheduler.cache_manager.cache,
+            defaults.speculative_max_draft,
+            defaults.speculative_ngram_min,
+            defaults.speculative_ngram_max,
+        )
         before = llm.stats()
         assert run(llm, COPY_PROMPTS[:1], params)[0]["token_ids"] == plain[0]
         llm.flush_cache()  # the batch drafts from the prompts, not from the tree
         assert [o["token_ids"] for o in run(llm, COPY_PROMPTS, params)] == plain
         stats = llm.stats()
     finally:
-        llm.scheduler.drafter = None
+        llm.scheduler.drafter = shipped
     assert stats["accepted_draft_tokens"] - before["accepted_draft_tokens"] > 24  # the copy prompts are copied
     assert stats["tokens_per_step"] > 1.0 and 0.0 < stats["acceptance_rate"] <= 1.0
 
@@ -193,12 +259,15 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def plain(tiny: Path) -> LLM:
-    return LLM(str(tiny), num_page_override=4096, max_seq_len_override=512)
+    return LLM(str(tiny), num_page_override=4096, max_seq_len_override=512, speculative_algorithm="none")
 
 
 @pytest.fixture(scope="module")
 def spec(tiny: Path) -> LLM:
-    return LLM(str(tiny), num_page_override=4096, max_seq_len_override=512, speculative_algorithm="ngram")
+    llm = LLM(str(tiny), num_page_override=4096, max_seq_len_override=512)  # ngram, the default
+    assert llm.scheduler.drafter is not None and llm.scheduler.drafter.cost is not None
+    llm.scheduler.drafter.cost = None  # drafts whatever a row costs: the tests must not depend on timing
+    return llm
 
 
 def tiny_prompts() -> list[list[int]]:

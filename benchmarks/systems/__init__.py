@@ -12,7 +12,7 @@ MINISGL_VARIANTS: dict[str, dict[str, str]] = {
     "minisgl-fcfs": {"cache_type": "radix", "schedule_policy": "fcfs"},
     "minisgl-bf16": {"cache_type": "radix", "schedule_policy": "lpm", "dtype": "bfloat16"},
     "minisgl-fp32": {"cache_type": "radix", "schedule_policy": "lpm", "quantization": "none"},  # dense, token-exact
-    "minisgl-spec": {"cache_type": "radix", "schedule_policy": "lpm", "speculative_algorithm": "ngram"},
+    "minisgl-nospec": {"cache_type": "radix", "schedule_policy": "lpm", "speculative_algorithm": "none"},
 }
 OFFLINE_SYSTEMS = (*MINISGL_VARIANTS, "hf", "hf-batch", "llama.cpp")
 

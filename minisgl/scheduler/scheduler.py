@@ -37,7 +37,7 @@ from minisgl.sampling import RejectionCode, RequestRejected, SamplingParams
 from minisgl.scheduler.cache_manager import CacheManager, align_up
 from minisgl.scheduler.forward_pass import ForwardPass
 from minisgl.scheduler.prefill import PrefillPlan, PrefillPlanner, default_prefill_tokens
-from minisgl.scheduler.speculative import NgramDrafter
+from minisgl.scheduler.speculative import NgramDrafter, PassCost
 from minisgl.scheduler.stats import EngineStats, StatsSnapshot
 from minisgl.text.detokenizer import IncrementalDetokenizer
 
@@ -93,7 +93,11 @@ class Scheduler:
         self.drafter: NgramDrafter | None = None
         if config.speculative_algorithm == "ngram":
             self.drafter = NgramDrafter(
-                cache, config.speculative_max_draft, config.speculative_ngram_min, config.speculative_ngram_max
+                cache,
+                config.speculative_max_draft,
+                config.speculative_ngram_min,
+                config.speculative_ngram_max,
+                PassCost(),
             )
         self._grammar_steps = ThreadPoolExecutor(GRAMMAR_WORKERS, "minisgl-grammar-step")
         # Running requests whose grammar is taking their last sampled token; they sit out the passes.
@@ -250,6 +254,8 @@ class Scheduler:
             req.device_len += n - len(work.drafts.get(req, ()))
         for req in work.prefilled:
             self.cache_manager.commit(req, finished=False)
+        if self.drafter is not None and self.drafter.cost is not None and work.prefill_tokens == 0:
+            self.drafter.cost.observe(work.decode_tokens, elapsed)
         self.stats.record_pass(work.prefill_tokens, work.decode_tokens, kv_read, len(work.sampled), elapsed)
 
     def _take_sampled(
