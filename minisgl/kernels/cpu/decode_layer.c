@@ -12,6 +12,24 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "simd.h"
+
+// act [rows, n] = silu(gate) * up, where gate_up [rows, 2n] holds each row's gate and then its up.
+static void silu_mul(const float *gate_up, int64_t rows, int64_t n, float *act) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gate = gate_up + r * 2 * n, *up = gate + n;
+        float *to = act + r * n;
+        int64_t i = 0;
+#if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
+        for (; i + WIDTH <= n; i += WIDTH) {
+            const VecF g = vec_load(gate + i);
+            const VecF silu = vec_div(g, vec_add(vec_set1(1.0f), vec_exp(vec_sub(vec_zero(), g))));
+            vec_store(to + i, vec_mul(silu, vec_load(up + i)));
+        }
+#endif
+        for (; i < n; i++) to[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    }
+}
 
 // y [rows, N] = x [rows, K] W^T through the weight's own kernel.
 static int project(const Projection *w, const Step *s, const float *x, int64_t K, int64_t N, float *y) {
@@ -71,13 +89,8 @@ static int decode_layer(const Layer *l, const Step *s, const float *delta, int f
     rms_norm(residual, o, residual, l->post_norm, b, l->hidden, l->eps, h, s->threads);
     failed = project(&l->gate_up, s, h, l->hidden, 2 * l->intermediate, gate_up);
     if (failed) return failed;
-    const int64_t n = l->intermediate;
-    for (int64_t r = 0; r < b; r++)
-        for (int64_t i = 0; i < n; i++) {
-            const float g = gate_up[r * 2 * n + i];
-            act[r * n + i] = g / (1.0f + expf(-g)) * gate_up[r * 2 * n + n + i];
-        }
-    return project(&l->down, s, act, n, l->hidden, out);
+    silu_mul(gate_up, b, l->intermediate, act);
+    return project(&l->down, s, act, l->intermediate, l->hidden, out);
 }
 
 // All `count` layers in turn: x [batch, hidden] is the embedded input; out receives the last

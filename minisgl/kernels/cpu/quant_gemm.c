@@ -172,7 +172,6 @@ int int8_gemm_ref(const float *x, int64_t rows, int64_t K, const int8_t *codes, 
 
 #if defined(KERNELS_AVX512)
 #define V 16
-typedef __m512 VecF;
 typedef __m512i VecI;
 #define load_si(p) _mm512_loadu_si512((const void *)(p))
 #define and_si _mm512_and_si512
@@ -203,7 +202,6 @@ typedef __m512i VecI;
 #define store_8(p, v) _mm_storeu_si128((__m128i *)(p), _mm512_cvtepi32_epi8(v))  // 16 int32 in -127..127
 #else
 #define V 8
-typedef __m256 VecF;
 typedef __m256i VecI;
 #define load_si(p) _mm256_loadu_si256((const __m256i *)(p))
 #define and_si _mm256_and_si256

@@ -112,3 +112,92 @@ static inline float sum256(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 #endif
+
+// The float vector the SIMD bodies compute with, WIDTH lanes, and the operations they share.
+#if defined(KERNELS_AVX512)
+typedef __m512 VecF;
+#define WIDTH 16
+#define vec_zero _mm512_setzero_ps
+#define vec_set1 _mm512_set1_ps
+#define vec_load _mm512_loadu_ps
+#define vec_store _mm512_storeu_ps
+#define vec_fmadd _mm512_fmadd_ps
+#define vec_add _mm512_add_ps
+#define vec_sub _mm512_sub_ps
+#define vec_mul _mm512_mul_ps
+#define vec_div _mm512_div_ps
+#define vec_max _mm512_max_ps
+#define vec_min _mm512_min_ps
+#define vec_round(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+// 2^n for whole n in fp32's normal range: n + 127 as the exponent field.
+#define vec_pow2(n) \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
+#define vec_reduce_add _mm512_reduce_add_ps
+#define vec_reduce_max _mm512_reduce_max_ps
+// Within each 128-bit lane, as SSE's unpcklps / unpckhps / shufps do.
+#define vec_unpacklo _mm512_unpacklo_ps
+#define vec_unpackhi _mm512_unpackhi_ps
+#define vec_shuffle _mm512_shuffle_ps
+// The sum of a vector's 128-bit lanes.
+static inline __m128 vec_fold128(VecF v) {
+    const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+#elif defined(KERNELS_AVX256)
+typedef __m256 VecF;
+#define WIDTH 8
+#define vec_zero _mm256_setzero_ps
+#define vec_set1 _mm256_set1_ps
+#define vec_load _mm256_loadu_ps
+#define vec_store _mm256_storeu_ps
+#define vec_fmadd _mm256_fmadd_ps
+#define vec_add _mm256_add_ps
+#define vec_sub _mm256_sub_ps
+#define vec_mul _mm256_mul_ps
+#define vec_div _mm256_div_ps
+#define vec_max _mm256_max_ps
+#define vec_min _mm256_min_ps
+#define vec_round(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define vec_pow2(n) \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
+#define vec_reduce_add sum256
+static inline float vec_reduce_max(VecF v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+#define vec_unpacklo _mm256_unpacklo_ps
+#define vec_unpackhi _mm256_unpackhi_ps
+#define vec_shuffle _mm256_shuffle_ps
+static inline __m128 vec_fold128(VecF v) { return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); }
+#endif
+
+#if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
+// e^x, WIDTH at a time: x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two parts, so that n ln 2 is
+// exact), e^r by Cephes' expf polynomial, times 2^n. Within a couple of fp32 ulps of expf for x in
+// [-87, 88], where 2^n stays a normal fp32; x is clamped to that range first (e^-87 for less, e^88 for
+// more); a NaN stays one (min and max give their second operand where either is a NaN).
+static inline VecF vec_exp(VecF x) {
+    x = vec_min(vec_set1(88.0f), vec_max(vec_set1(-87.0f), x));
+    const VecF n = vec_round(vec_mul(x, vec_set1(1.44269504088896341f)));
+    VecF r = vec_sub(x, vec_mul(n, vec_set1(0.693359375f)));
+    r = vec_sub(r, vec_mul(n, vec_set1(-2.12194440e-4f)));
+    VecF y = vec_set1(1.9875691500e-4f);
+    y = vec_fmadd(y, r, vec_set1(1.3981999507e-3f));
+    y = vec_fmadd(y, r, vec_set1(8.3334519073e-3f));
+    y = vec_fmadd(y, r, vec_set1(4.1665795894e-2f));
+    y = vec_fmadd(y, r, vec_set1(1.6666665459e-1f));
+    y = vec_fmadd(y, r, vec_set1(5.0000001201e-1f));
+    y = vec_add(vec_fmadd(y, vec_mul(r, r), r), vec_set1(1.0f));
+    return vec_mul(y, vec_pow2(n));
+}
+
+// The sums of four vectors, in that order: each pair's lanes interleaved and added, then the pairs'
+// halves, then the 128-bit lanes (fewer shuffles than four reductions).
+static inline __m128 sum4(VecF a, VecF b, VecF c, VecF d) {
+    const VecF ab = vec_add(vec_unpacklo(a, b), vec_unpackhi(a, b));  // a0+a2 b0+b2 a1+a3 b1+b3 per lane
+    const VecF cd = vec_add(vec_unpacklo(c, d), vec_unpackhi(c, d));
+    const VecF abcd = vec_add(vec_shuffle(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)), vec_shuffle(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+    return vec_fold128(abcd);
+}
+#endif
