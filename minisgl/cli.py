@@ -51,7 +51,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-jump-forward", action="store_false", dest="jump_forward", help="constrained requests sample every token, even those their grammar forces")
     g.add_argument(
         "--speculative-algorithm", default=d.speculative_algorithm, choices=["none", "ngram"],
-        help="ngram: draft tokens copied from the request's own context and the radix tree, verified in one pass",
+        help="ngram (the default): draft tokens copied from the request's own context and the radix tree, verified in one pass, as many as pay for their rows; none: one token a pass",
     )  # fmt: skip
     g.add_argument("--speculative-max-draft", type=int, default=d.speculative_max_draft, help="most draft tokens per request and pass")
     g.add_argument("--speculative-ngram-min", type=int, default=d.speculative_ngram_min, help="shortest suffix looked up for a draft")

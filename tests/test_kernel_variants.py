@@ -170,7 +170,9 @@ def softmax_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor)
 
 
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("heads, kv_heads, d", [(4, 4, 16), (6, 2, 32), (16, 1, 64), (9, 3, 64), (10, 2, 80), (32, 4, 128)])
+@pytest.mark.parametrize(
+    "heads, kv_heads, d", [(4, 4, 16), (6, 2, 32), (16, 1, 64), (9, 3, 64), (10, 2, 80), (32, 4, 128)]
+)
 def test_paged_attention_against_the_reference_and_torch(
     kernels: CpuKernels, pool_dtype: torch.dtype, heads: int, kv_heads: int, d: int
 ) -> None:

@@ -90,15 +90,21 @@ def test_a_draft_leaves_room_for_the_token_after_it_within_max_tokens() -> None:
     assert req not in drafter.drafts([req])  # one token left: nothing to draft
 
 
-def test_the_draft_length_falls_to_zero_and_probes_again() -> None:
-    drafter = NgramDrafter(RadixPrefixCache("cpu"), 8, 1, 1)
-    req = decoding_req([7] * 50, max_tokens=1000)
+def rejected_draft_lengths(drafter: NgramDrafter, req: Req) -> list[int]:
+    """The request's draft lengths over 4 x PROBE_INTERVAL passes that reject every draft."""
     lengths = []
     for _ in range(4 * PROBE_INTERVAL):
         draft = drafter.drafts([req]).get(req, [])
         lengths.append(len(draft))
         if draft:
-            drafter.verified(req, len(draft), 0)  # every draft is rejected
+            drafter.verified(req, len(draft), 0)
+    return lengths
+
+
+def test_the_draft_length_falls_to_zero_and_probes_again() -> None:
+    drafter = NgramDrafter(RadixPrefixCache("cpu"), 8, 1, 1)
+    req = decoding_req([7] * 50, max_tokens=1000)
+    lengths = rejected_draft_lengths(drafter, req)
     assert lengths[:5] == [8, 4, 2, 1, 0]
     probes = [i for i, n in enumerate(lengths) if i >= 4 and n]
     assert probes and all(n == 1 for n in (lengths[i] for i in probes))
@@ -163,14 +169,7 @@ def test_a_draft_is_as_long_as_its_tokens_pay_for_their_rows() -> None:
 
 def test_drafts_that_never_pay_are_only_probed() -> None:
     cost = timed(0.0015, 0.002, [1, 3, 1, 5] * 10)  # alone, a row is 4/7 of the pass: over the even prior
-    drafter = NgramDrafter(RadixPrefixCache("cpu"), 8, 1, 1, cost)
-    req = decoding_req([7] * 50, max_tokens=1000)
-    lengths = []
-    for _ in range(4 * PROBE_INTERVAL):
-        draft = drafter.drafts([req]).get(req, [])
-        lengths.append(len(draft))
-        if draft:
-            drafter.verified(req, len(draft), 0)
+    lengths = rejected_draft_lengths(NgramDrafter(RadixPrefixCache("cpu"), 8, 1, 1, cost), decoding_req([7] * 50, 1000))
     assert lengths == [int((i + 1) % PROBE_INTERVAL == 0) for i in range(4 * PROBE_INTERVAL)]
 
 
