@@ -68,6 +68,7 @@ def measure(model: str, kernels: str, prompt_len: int, output_len: int, seed: in
     llm = LLM(
         resolve_scale_model(model), kernels=kernels, max_running_req=1, cache_type="naive",
         num_page_override=prompt_len + max(output_len, WARMUP_TOKENS) + 1,
+        speculative_algorithm="none",  # one token a step: the bytes a step reads are per token
     )  # fmt: skip
     try:
         engine = llm.scheduler.engine

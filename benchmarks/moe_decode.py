@@ -77,7 +77,10 @@ def param_bytes(llm: LLM) -> tuple[int, int, int]:
 def measure(folder: Path, batch: int, prompt_len: int, output_len: int, seed: int = 0) -> dict[str, float]:
     """Decode of ``batch`` requests on the model in ``folder``: tok/s, active params per token,
     bytes read per decode step, and those bytes per second."""
-    llm = LLM(str(folder), cache_type="naive", max_running_req=batch, num_page_override=batch * (prompt_len + output_len))
+    llm = LLM(
+        str(folder), cache_type="naive", max_running_req=batch, num_page_override=batch * (prompt_len + output_len),
+        speculative_algorithm="none",  # one token per request a step: the bytes a step reads are per token
+    )  # fmt: skip
     try:
         moe = llm.scheduler.engine.model.config.moe
         assert moe is not None, "not a MoE model"

@@ -112,7 +112,7 @@ def main() -> None:
         dtype, quantization = mode.split("/")
         llm = LLM(
             dtype=dtype, quantization=quantization, num_page_override=32768, cache_type="naive", max_running_req=32,
-            kernels=args.kernels,
+            kernels=args.kernels, speculative_algorithm="none",  # one token per request a step: per-step figures
         )  # fmt: skip
         vocab, cfg = llm.scheduler.vocab_size, llm.scheduler.engine.model_config
         prefill_prompts = [torch.randint(100, vocab, (512,), generator=g).tolist() for _ in range(8)]

@@ -49,6 +49,7 @@ def main() -> None:
         llm = LLM(
             args.model, dtype=args.dtype, quantization=args.quantization, cache_type="naive",
             max_running_req=batch_size, num_page_override=pages,
+            speculative_algorithm="none",  # one token per request a step: decode throughput by batch, undrafted
         )  # fmt: skip
         if not prompts:
             vocab = llm.scheduler.vocab_size
