@@ -47,7 +47,9 @@
 #define GEMM_ROWS 8    // rows of x per register tile
 #define BLOCK_TILES 8  // tiles a register tile of x runs against while in L1 (their span's codes: L2)
 #define SPAN 32        // groups per pass over the rows of x: a span's codes and a register tile's x stay in L1
-#define PREFETCH 2048  // bytes ahead in a tile's codes that the loop asks for (the stream's next 4-8 groups)
+// Bytes ahead in a tile's codes that the loop asks for (the stream's next 4-8 groups), and as many groups ahead
+// in its scales and minimums: one row of x is bound by these streams (benchmarks.decode_per_byte).
+#define PREFETCH 2048
 
 const char *kernels_variant(void) { return KERNELS_VARIANT; }
 
@@ -350,6 +352,10 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *codes = w->codes + g * group_bytes;
         for (int64_t line = 0; line < group_bytes; line += 64) _mm_prefetch((const char *)(codes + PREFETCH + line), _MM_HINT_T0);
+        if (BITS == 4) {  // the scales' and minimums' streams, as many groups ahead
+            _mm_prefetch((const char *)(w->scale + (g + PREFETCH / group_bytes) * TILE), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w->minimum + (g + PREFETCH / group_bytes) * TILE), _MM_HINT_T0);
+        }
         // int4: the 4 low-nibble pieces, then the 4 high-nibble ones; int8: its 8 pieces (offset by 128
         // for vpdpbusd), or with AVX2 alone each widened to int16: rows 0-3 of the vector, then 4-7.
         VecI quads[16];
