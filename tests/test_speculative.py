@@ -424,6 +424,27 @@ def test_metrics_show_drafts(spec: LLM) -> None:
     assert StatsSnapshot().as_dict()["acceptance_rate"] == 0.0
 
 
+def test_the_scheduler_times_every_decode_pass_for_the_cost_and_no_prefill(tiny: Path) -> None:
+    """The shipped drafter's ``PassCost`` sees each decode pass once, with its rows (a token and the
+    draft per request), and never a pass that prefills: its line is the decode passes' alone."""
+    llm = LLM(str(tiny), num_page_override=1024)
+    cost = llm.scheduler.drafter.cost if llm.scheduler.drafter is not None else None
+    assert cost is not None
+    seen: list[int] = []
+    observe = cost.observe
+    cost.observe = lambda rows, seconds: seen.append(rows) or observe(rows, seconds)  # type: ignore[method-assign]
+    before = llm.stats()
+    run(llm, [[300, 301] * 20 + [7]], SamplingParams(max_tokens=16, ignore_eos=True))
+    stats = llm.stats()
+    drafted = stats["draft_tokens"] - before["draft_tokens"]
+    kept = stats["accepted_draft_tokens"] - before["accepted_draft_tokens"]
+    # The prefill pass samples the first token; each decode pass one more, plus the draft tokens it keeps.
+    assert len(seen) == 15 - kept
+    assert sum(seen) == len(seen) + drafted
+    assert drafted > 0 and cost.line is not None  # the first drafts vary the rows: a line is fitted
+    llm.shutdown()
+
+
 def test_a_pass_with_drafts_is_a_decode_pass_over_its_tokens() -> None:
     """Every token sampled: each token is one decode query over its request's KV up to its own position
     (the decode kernels verify the draft); a pass with a prefill chunk stays an extension per request."""
