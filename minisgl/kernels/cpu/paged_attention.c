@@ -203,7 +203,8 @@ static inline __attribute__((always_inline)) void sum_values(const int nq, const
         }
     for (int a = 0; a < nq; a++) {
         const VecF divisor = vec_set1(totals[a] > 0.0f ? totals[a] : 1.0f);
-        for (int c = 0; c < chunks; c++) vec_store(out + a * d + c * WIDTH, vec_div(vec_add(even[a][c], odd[a][c]), divisor));
+        for (int c = 0; c < chunks; c++)
+            vec_store(out + a * d + c * WIDTH, vec_div(vec_add(even[a][c], odd[a][c]), divisor));
     }
 }
 
@@ -301,7 +302,8 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
             float *oh = out + (b * heads + h * group) * d;
             for (int64_t j = 0; j < keys; j++) rows[j] = (slots[j < n ? j : 0] * kv_heads + h) * d;
             for (int64_t j = 0; j < keys; j += KEYS) {
-                for (int64_t u = j + AHEAD; u < j + AHEAD + KEYS && u < n; u++) prefetch_kv(k_pool, rows[u], d, kv_bf16);
+                for (int64_t u = j + AHEAD; u < j + AHEAD + KEYS && u < n; u++)
+                    prefetch_kv(k_pool, rows[u], d, kv_bf16);
                 for (int64_t g = 0; g < group; g += QUERIES) {
                     const int64_t nq = group - g < QUERIES ? group - g : QUERIES;
                     dot_keys_of[nq](qh + g * d, k_pool, rows + j, d, kv_bf16, scale, scores + g * keys + j, keys);

@@ -140,7 +140,9 @@ typedef __m512 VecF;
 #define vec_shuffle _mm512_shuffle_ps
 // The sum of a vector's 128-bit lanes.
 static inline __m128 vec_fold128(VecF v) {
-    const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    // The upper 256 bits through the double view: extractf32x8 is AVX-512DQ, which the build does not ask for.
+    const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(v), high);
     return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
 }
 #elif defined(KERNELS_AVX256)
@@ -197,7 +199,9 @@ static inline VecF vec_exp(VecF x) {
 static inline __m128 sum4(VecF a, VecF b, VecF c, VecF d) {
     const VecF ab = vec_add(vec_unpacklo(a, b), vec_unpackhi(a, b));  // a0+a2 b0+b2 a1+a3 b1+b3 per lane
     const VecF cd = vec_add(vec_unpacklo(c, d), vec_unpackhi(c, d));
-    const VecF abcd = vec_add(vec_shuffle(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)), vec_shuffle(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+    const VecF low = vec_shuffle(ab, cd, _MM_SHUFFLE(1, 0, 1, 0));   // a0+a2 b0+b2 c0+c2 d0+d2
+    const VecF high = vec_shuffle(ab, cd, _MM_SHUFFLE(3, 2, 3, 2));  // a1+a3 b1+b3 c1+c3 d1+d3
+    const VecF abcd = vec_add(low, high);
     return vec_fold128(abcd);
 }
 #endif
