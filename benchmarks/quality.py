@@ -61,7 +61,8 @@ def main() -> None:
         llm = LLM(quantization=mode, dtype=dtype, num_page_override=4096)
         token_ids = llm.tokenizer.encode(TEXT)
         prompts = [llm.apply_chat_template([{"role": "user", "content": q}]) for q in PROMPTS]
-        ppl = perplexity(llm.scheduler.engine.model, token_ids)
+        engine = llm.scheduler.engine  # scored through its own attention: its KV dtype and kernels
+        ppl = perplexity(engine.model, token_ids, prepare=engine.scoring_attention(len(token_ids)).prepare)
         outs = greedy(llm, prompts, args.max_tokens)
         reference = reference or outs  # the first mode, fp32 dense, is the reference
         same, prefix = agreement(outs, reference)

@@ -13,7 +13,14 @@ from minisgl.attention.decode import (
     SdpaDecode,
     shared_groups,
 )
-from minisgl.attention.prefill import CachedPrefill, FreshPrefill, PrefillAttention, SingleFreshPrefill, padding_buckets
+from minisgl.attention.prefill import (
+    CachedPrefill,
+    FreshPrefill,
+    PagedPrefill,
+    PrefillAttention,
+    SingleFreshPrefill,
+    padding_buckets,
+)
 from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.attention.torch_backend import PerLayerWindow
 from minisgl.batch import AttentionKind, Batch
@@ -149,6 +156,41 @@ def test_prefill_attends_its_fresh_kv_as_the_pool_holds_it() -> None:
     assert not isinstance(cached, SingleFreshPrefill)
     again = cached.attend(0, q[-1:], k[-1:], v[-1:])
     torch.testing.assert_close(again[0], fresh[-1], rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_on_a_bf16_pool_runs_the_c_kernel_where_the_cpu_has_avx512_bf16() -> None:
+    """Fresh prompts, cached-prefix extensions and a decode token riding along, in one call of the C
+    kernel over the pool (bf16 products: a bf16 tolerance); where the CPU lacks AVX-512 BF16, torch's
+    strategies run. Either way a token attends the same extended after its cached prefix as in one
+    pass with it."""
+    kernels = c_kernels_or_skip()
+    g = torch.Generator().manual_seed(3)
+    pool = random_pool(torch.bfloat16, g)
+    shapes = [(0, 20), (100, 7), (37, 40), (64, 1)]
+    table = torch.randperm(SLOTS, generator=g)[: len(shapes) * 256].view(len(shapes), 256).clone()
+    backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM, (), torch.float32, kernels)
+    batch = hand_built_batch(table, [p for p, _ in shapes], [n for _, n in shapes], AttentionKind.EXTEND)
+    tokens = sum(n for _, n in shapes)
+    q, k, v = (torch.randn(tokens, h, DIM, generator=g) for h in (HEADS, KV_HEADS, KV_HEADS))
+    ctx = backend.prepare(batch)
+    assert isinstance(ctx, PagedPrefill) == kernels.runs_prefill_attention
+    out = ctx.attend(0, q, k, v)
+    assert torch.equal(pool.k[0][batch.out_slots], k.bfloat16())
+    row = 0
+    for r, (prefix, n) in enumerate(shapes):
+        for i in range(n):
+            slots = table[r, : prefix + i + 1]
+            expected = reference(q[row], pool.k[0][slots].float(), pool.v[0][slots].float())
+            torch.testing.assert_close(out[row], expected, rtol=2e-2, atol=2e-2)
+            row += 1
+    # Request 2's last 15 tokens (rows 52-66) again, its first 25 now a cached prefix.
+    alone = ATTENTION_BACKENDS.get("torch")(pool, table[2:3].clone(), HEADS, KV_HEADS, DIM, (), torch.float32, kernels)
+    last = alone.prepare(hand_built_batch(table[2:3], [62], [15], AttentionKind.EXTEND))
+    again = last.attend(0, q[52:67], k[52:67], v[52:67])
+    if kernels.runs_prefill_attention:
+        assert torch.equal(again, out[52:67])
+    else:
+        torch.testing.assert_close(again, out[52:67], rtol=1e-5, atol=1e-5)
 
 
 def test_shared_groups_need_a_long_common_run() -> None:

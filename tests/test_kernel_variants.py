@@ -200,6 +200,67 @@ def test_paged_attention_against_the_reference_and_torch(
         assert relative_error(simd[b], softmax_attention(q[b], keys.float(), values.float())) < REFERENCE_TOLERANCE
 
 
+def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix: int) -> torch.Tensor:
+    """A request's queries [n, heads, d] over its keys/values [prefix + n, kv_heads, d], token t seeing
+    the first prefix + t + 1 → [n, heads * d], in fp64."""
+    n, heads, d = q.shape
+    group = heads // keys.shape[1]
+    keys, values = (t.double().repeat_interleave(group, 1).transpose(0, 1) for t in (keys, values))
+    scores = torch.einsum("nhd,hjd->hnj", q.double(), keys) / d**0.5
+    seen = torch.arange(keys.shape[1]).unsqueeze(0) <= prefix + torch.arange(n).unsqueeze(1)
+    weights = scores.masked_fill(~seen, float("-inf")).softmax(-1)
+    return torch.einsum("hnj,hjd->nhd", weights, values).flatten(1)
+
+
+@pytest.mark.parametrize(
+    "heads, kv_heads, d", [(4, 4, 16), (6, 2, 32), (16, 1, 64), (9, 3, 64), (10, 2, 80), (32, 4, 128)]
+)
+def test_prefill_attention_against_the_reference_and_torch(
+    kernels: CpuKernels, heads: int, kv_heads: int, d: int
+) -> None:
+    """Fresh prompts, extensions of a cached prefix and single tokens riding along, in one call: the
+    SIMD body (where the CPU has AVX-512 BF16) against the reference, and the reference against fp64
+    softmax attention of its bf16-rounded queries (its weights are rounded to bf16 too)."""
+    g = torch.Generator().manual_seed(heads * d)
+    slots, shapes = 1500, [(0, 37), (100, 9), (250, 1), (0, 1), (3, 70)]  # (prefix, new tokens)
+    k_pool, v_pool = (torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2))
+    kv_slots = torch.randperm(slots, generator=g)[: len(shapes) * 256].view(len(shapes), 256)
+    new_lens, prefix_lens = torch.tensor([n for _, n in shapes]), torch.tensor([p for p, _ in shapes])
+    q = torch.randn(int(new_lens.sum()), heads, d, generator=g)
+    q_starts = torch.cumsum(new_lens, 0) - new_lens
+    args = (q, k_pool, v_pool, kv_slots, q_starts, new_lens, prefix_lens)
+    reference = kernels.prefill_attention(*args, reference=True)
+    if kernels.runs_prefill_attention:
+        # Its e^x is a couple of ulps from expf's, which can round a weight to the other bf16 neighbour.
+        assert relative_error(kernels.prefill_attention(*args), reference) < 1e-3
+    else:
+        with pytest.raises(ValueError, match="lacks the instructions"):
+            kernels.prefill_attention(*args)
+    for b, (prefix, n) in enumerate(shapes):
+        rows = slice(int(q_starts[b]), int(q_starts[b]) + n)
+        keys, values = k_pool[kv_slots[b, : prefix + n]], v_pool[kv_slots[b, : prefix + n]]
+        expected = causal_attention(q[rows].bfloat16(), keys, values, prefix)
+        assert relative_error(reference[rows], expected) < 1e-2  # the weights' bf16 rounding
+
+
+def test_prefill_attention_is_the_same_chunked(kernels: CpuKernels) -> None:
+    """A prompt attended in one call, or in two with the first part's keys cached: the second part's
+    rows are the same bit for bit (each row sees the same keys in the same order)."""
+    if not kernels.runs_prefill_attention:
+        pytest.skip(f"the {kernels.variant.name} build has no prefill attention body (it needs AVX-512 BF16)")
+    g = torch.Generator().manual_seed(5)
+    heads, kv_heads, d, n, split = 9, 3, 64, 150, 61
+    k_pool, v_pool = (torch.randn(400, kv_heads, d, generator=g).bfloat16() for _ in range(2))
+    kv_slots = torch.randperm(400, generator=g)[:n].view(1, n)
+    q = torch.randn(n, heads, d, generator=g)
+    whole = kernels.prefill_attention(q, k_pool, v_pool, kv_slots, *(torch.tensor([x]) for x in (0, n, 0)))
+    rest = q[split:].contiguous()
+    tail = kernels.prefill_attention(
+        rest, k_pool, v_pool, kv_slots, *(torch.tensor([x]) for x in (0, n - split, split))
+    )
+    assert torch.equal(tail, whole[split:])
+
+
 # -- the boundary ---------------------------------------------------------------------------------
 def test_products_refuse_what_the_c_code_cannot_read(kernels: CpuKernels) -> None:
     weight = Int4Weight.quantize(torch.randn(8, 128))
@@ -249,6 +310,27 @@ def test_paged_attention_refuses_mismatched_arguments(kernels: CpuKernels) -> No
     for name, value, message in bad:
         with pytest.raises(ValueError, match=message):
             kernels.paged_decode_attention(**{**good, name: value})
+
+
+def test_prefill_attention_refuses_mismatched_arguments(kernels: CpuKernels) -> None:
+    pool = torch.zeros(10, 2, 16, dtype=torch.bfloat16)
+    good = {
+        "q": torch.randn(3, 4, 16), "k_pool": pool, "v_pool": pool.clone(), "kv_slots": torch.tensor([[0, 3], [1, 2]]),
+        "q_starts": torch.tensor([0, 2]), "new_lens": torch.tensor([2, 1]), "prefix_lens": torch.tensor([0, 1]),
+    }  # fmt: skip
+    kernels.prefill_attention(**good, reference=True)
+    bad = [
+        ("k_pool", pool.float(), "k_pool must be torch.bfloat16"),
+        ("prefix_lens", torch.tensor([1, 1]), "kv_lens holds a length outside"),
+        ("new_lens", torch.tensor([2, 2]), "refused the shapes"),  # request 1's rows run past q's
+        ("q_starts", torch.tensor([-1, 2]), "refused the shapes"),
+        ("kv_slots", torch.tensor([[0, 10], [1, 2]]), "kv_slots holds an attended slot outside the pool"),
+        ("q", torch.randn(3, 3, 16), "heads a multiple of KV heads"),
+        ("new_lens", torch.tensor([2]), r"new_lens must have shape \[2\]"),
+    ]
+    for name, value, message in bad:
+        with pytest.raises(ValueError, match=message):
+            kernels.prefill_attention(**{**good, name: value}, reference=True)
 
 
 def test_the_decode_step_refuses_mismatched_arguments(kernels: CpuKernels) -> None:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from minisgl.attention.ops import sdpa
 from minisgl.batch import PagedKV
+from minisgl.kernels.native import CpuKernels
 from minisgl.kvcache.pool import KVPool
 from minisgl.tuning import MAX_PADDING_COST
 
@@ -153,3 +154,26 @@ class SingleFreshPrefill:
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.pool.store(layer_id, self.out_slots, k, v)
         return sdpa(q, self.pool.rounded(k), self.pool.rounded(v), is_causal=True).flatten(1)
+
+
+class PagedPrefill:
+    """The whole pass in one call of the C kernel (``prefill_attention.c``): every request's keys and
+    values read from the bf16 pool where they lie, no padded gathered copy, the products in bf16."""
+
+    paged: PagedKV | None = None
+
+    def __init__(
+        self, pool: KVPool, out_slots: torch.Tensor, kernels: CpuKernels, kv_slots: torch.Tensor,
+        new_lens: torch.Tensor, prefix_lens: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """``kv_slots``: [batch, n] each request's slots from position 0, at least prefix + new of them."""
+        self.pool, self.out_slots, self.kernels, self.kv_slots = pool, out_slots, kernels, kv_slots
+        self.new_lens, self.prefix_lens = new_lens, prefix_lens
+        self.q_starts = torch.cumsum(new_lens, 0) - new_lens
+
+    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.pool.store(layer_id, self.out_slots, k, v)
+        return self.kernels.prefill_attention(
+            q.contiguous(), self.pool.k[layer_id], self.pool.v[layer_id], self.kv_slots, self.q_starts,
+            self.new_lens, self.prefix_lens,
+        )  # fmt: skip

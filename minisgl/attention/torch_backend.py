@@ -25,6 +25,7 @@ from minisgl.attention.ops import key_bias
 from minisgl.attention.prefill import (
     CachedPrefill,
     FreshPrefill,
+    PagedPrefill,
     PrefillAttention,
     PrefillPart,
     SingleFreshPrefill,
@@ -32,7 +33,7 @@ from minisgl.attention.prefill import (
     padding_buckets,
 )
 from minisgl.batch import AttentionContext, AttentionKind, Batch, PagedKV
-from minisgl.kernels.native import CpuKernels, paged_attention_fits
+from minisgl.kernels.native import CpuKernels, paged_attention_fits, prefill_attention_fits
 from minisgl.kvcache.pool import KVPool
 
 
@@ -76,6 +77,17 @@ class TorchAttentionBackend(AttentionBackend):
         kinds = self.dtype == torch.float32 and pool.dtype in (torch.float32, torch.bfloat16)
         return self.kernels if kinds and pool.device.type == "cpu" and fits else None
 
+    @cached_property
+    def _prefill_kernels(self) -> CpuKernels | None:
+        """The engine's C kernels, where they run this pool's prefill attention: fp32 queries on a CPU
+        with AVX-512 BF16, a bf16 pool (its products are bf16; an fp32 pool keeps torch's fp32 SDPA),
+        heads the kernel takes."""
+        kernels, pool = self.kernels, self.pool.k
+        if kernels is None or not prefill_attention_fits(self.num_heads, self.num_kv_heads, self.head_dim):
+            return None
+        kinds = self.dtype == torch.float32 and pool.dtype == torch.bfloat16 and pool.device.type == "cpu"
+        return kernels if kinds and kernels.runs_prefill_attention else None
+
     def prepare(self, batch: Batch) -> AttentionContext:
         full_kv = window_kv = _KVPlace(self.pool, self.page_table, batch.out_slots)
         if self.window_pool is not None and self.window_table is not None:  # windowed layers: their own slots
@@ -95,8 +107,15 @@ class TorchAttentionBackend(AttentionBackend):
         return self._prepare_prefill(batch, window, kv)
 
     def _prepare_prefill(self, batch: Batch, window: int | None, kv: _KVPlace) -> AttentionContext:
-        """Requests with nothing cached (and, with a window, no more new tokens than it) attend to
-        their fresh K/V directly; the rest are gathered into padded calls."""
+        """Without a window, the C kernel where it runs: one call over the pool. Else requests with
+        nothing cached (and, with a window, no more new tokens than it) attend to their fresh K/V
+        directly; the rest are gathered into padded calls."""
+        if window is None and self._prefill_kernels is not None:
+            kv_lens = batch.prefix_lens + batch.extend_lens
+            kv_slots = kv.table[batch.table_rows.to(kv.table.device), : int(kv_lens.max())].contiguous()
+            return PagedPrefill(
+                kv.pool, kv.out_slots, self._prefill_kernels, kv_slots, batch.extend_lens, batch.prefix_lens
+            )
         prefixes, new_lens, rows = batch.prefix_lens.tolist(), batch.extend_lens.tolist(), batch.table_rows.tolist()
         fresh: list[tuple[int, int]] = []
         gathered: list[tuple[int, int, int, int]] = []  # (first token row, new tokens, prefix, table row)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minisgl.attention.base import AttentionBackend
 from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.batch import Batch
 from minisgl.config import EngineConfig
@@ -109,6 +110,16 @@ class Engine:
             logger.info("C kernels (kernels=%s): %s", config.kernels, kernels)
         if quantized and self.device.type == "cpu":
             logger.info("quantized products: %s", "; ".join(f"{k}: {v}" for k, v in cpu_paths(self.kernels).items()))
+
+    def scoring_attention(self, tokens: int) -> AttentionBackend:
+        """An attention backend like the engine's over a pool of its own, ``tokens`` slots of the engine's
+        KV dtype with page-table row 0 holding them in order: a sequence scored through it
+        (``models/perplexity.py``) attends as the engine's passes do, without touching the engine's pool."""
+        a = self.attention
+        layers = self.model_config.num_layers
+        pool = KVPool(layers, tokens, 1, a.num_kv_heads, a.head_dim, self.pool.k.dtype, self.device)
+        table = torch.arange(tokens, device=self.device).unsqueeze(0)
+        return type(a)(pool, table, a.num_heads, a.num_kv_heads, a.head_dim, a.layer_windows, a.dtype, a.kernels)
 
     @torch.inference_mode()
     def run_model(self, batch: Batch) -> torch.Tensor:

@@ -4,6 +4,8 @@
   of 16 rows (``Int4Weight``, ``Int8Weight``), fp32 in and out: decode streams each tile once,
   prefill runs the same loops as a GEMM. torch's CPU kernels for them take bf16 activations.
 - ``paged_attention.c``: decode attention read in place from the KV pool, no gathered copy.
+- ``prefill_attention.c``: an extend pass's causal attention over a bf16 pool, in bf16 products
+  (AVX-512 BF16; elsewhere torch's SDPA runs it).
 - ``rms_norm.c``: RMSNorm (after a residual add) in one call instead of torch's seven ops.
 - ``rotary.c``: RoPE, with torch's roundings, for ``decode_layer.c``.
 - ``gguf_tiles.c``: a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks written into those tiles, for the loader.
@@ -32,7 +34,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +259,7 @@ class CpuKernels:
             lib.KERNELS_BAD_OUT_SLOT: "out_slots holds a slot outside the pool",
             lib.KERNELS_BAD_KV_LEN: "kv_lens holds a length outside [0, kv_slots' row length]",
             lib.KERNELS_BAD_KV_SLOT: "kv_slots holds an attended slot outside the pool",
+            lib.KERNELS_NO_INSTRUCTIONS: "this CPU lacks the instructions its body needs",
         }
         if code:
             raise ValueError(f"{what}: {problems.get(code, f'the kernel refused the shapes (code {code})')}")
@@ -356,6 +359,51 @@ class CpuKernels:
             self.raise_for("paged_decode_attention", self.lib.paged_decode_attention(*args, torch.get_num_threads()))
         return out
 
+    @cached_property
+    def runs_prefill_attention(self) -> bool:
+        """Whether this library's prefill attention runs on this CPU (AVX-512 BF16)."""
+        return bool(self.lib.prefill_attention_runs())
+
+    def prefill_attention(
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        kv_slots: torch.Tensor,
+        q_starts: torch.Tensor,
+        new_lens: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        reference: bool = False,
+    ) -> torch.Tensor:
+        """Causal attention of an extend pass: ``q`` [tokens, heads, d] fp32; the pools one layer's
+        [slots, kv_heads, d] bf16, every attended key and value already stored; request b's queries are
+        rows ``q_starts[b]`` .. + ``new_lens[b]``, its keys the first ``prefix_lens[b] + new_lens[b]`` of
+        ``kv_slots[b]`` ([batch, n] int64), its token t seeing ``prefix_lens[b] + t + 1`` of them →
+        [tokens, heads * d] (rows of no request are left as they were allocated)."""
+        _check("q", q, (torch.float32,), (None, None, None))
+        tokens, heads, d = q.shape
+        _check("k_pool", k_pool, (torch.bfloat16,), (None, None, d))
+        slots, kv_heads = k_pool.shape[0], k_pool.shape[1]
+        _check("v_pool", v_pool, (torch.bfloat16,), tuple(k_pool.shape))
+        if not prefill_attention_fits(heads, kv_heads, d):
+            raise ValueError(f"prefill attention needs head_dim % 16 == 0 and heads a multiple of KV heads, "
+                             f"got {heads} heads, {kv_heads} KV heads, head_dim {d}")  # fmt: skip
+        _check("kv_slots", kv_slots, (torch.int64,), (None, None))
+        batch = kv_slots.shape[0]
+        for name, t in (("q_starts", q_starts), ("new_lens", new_lens), ("prefix_lens", prefix_lens)):
+            _check(name, t, (torch.int64,), (batch,))
+        out = torch.empty(tokens, heads * d)
+        p = self.pointer
+        args = (
+            p(q), tokens, heads, kv_heads, d, p(k_pool), p(v_pool), slots, p(kv_slots), kv_slots.shape[1],
+            p(q_starts), p(new_lens), p(prefix_lens), batch, d**-0.5, p(out),
+        )  # fmt: skip
+        if reference:
+            self.raise_for("prefill_attention_ref", self.lib.prefill_attention_ref(*args))
+        else:
+            self.raise_for("prefill_attention", self.lib.prefill_attention(*args, torch.get_num_threads()))
+        return out
+
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -382,6 +430,11 @@ class CpuKernels:
 def paged_attention_fits(heads: int, kv_heads: int, d: int) -> bool:
     """What paged_attention.c takes: head_dim a multiple of 16, 1-16 query heads per KV head."""
     return d % 16 == 0 and kv_heads >= 1 and heads % kv_heads == 0 and heads // kv_heads <= 16
+
+
+def prefill_attention_fits(heads: int, kv_heads: int, d: int) -> bool:
+    """What prefill_attention.c takes: head_dim a multiple of 16, whole groups of query heads per KV head."""
+    return d % 16 == 0 and d > 0 and kv_heads >= 1 and heads % kv_heads == 0
 
 
 def _check_heads(heads: int, kv_heads: int, d: int) -> None:

@@ -2,16 +2,19 @@
 
 The text is fed in chunks of a few tokens, as decode and small prefills run (the C kernels compute a
 row the same at any row count; without them, torch's kernels run up to ``QuantizedWeight.max_kernel_rows``).
+Its attention is fp32 SDPA over K/V kept per layer, or, given an attention backend's ``prepare`` (the
+engine's ``scoring_attention``), the engine's own: its KV pool's dtype, its kernels.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from minisgl.batch import PagedKV
+from minisgl.batch import AttentionContext, AttentionKind, Batch, PagedKV
 from minisgl.models.decoder import DecoderForCausalLM
 
 CHUNK_TOKENS = 16
@@ -44,23 +47,45 @@ class _SequenceContext:
         return out.transpose(0, 1).reshape(new, -1)
 
 
+Prepare = Callable[[Batch], AttentionContext]
+
+
+def _extend_batch(start: int, n: int) -> Batch:
+    """Tokens start .. start + n of the sequence as one extend pass of page-table row 0, whose slot i
+    holds position i."""
+    positions = torch.arange(start, start + n)
+    return Batch(
+        attention=AttentionKind.EXTEND, input_ids=torch.zeros(n, dtype=torch.int64), positions=positions,
+        out_slots=positions, table_rows=torch.tensor([0]), prefix_lens=torch.tensor([start]),
+        extend_lens=torch.tensor([n]), sample_rows=torch.arange(n),
+    )  # fmt: skip
+
+
 @torch.inference_mode()
-def sequence_logits(model: DecoderForCausalLM, token_ids: list[int], chunk: int = CHUNK_TOKENS) -> torch.Tensor:
-    """[tokens, vocab] fp32: the logits after each token, given the ones before it."""
-    ctx = _SequenceContext(model.config.layer_windows)
+def sequence_logits(
+    model: DecoderForCausalLM, token_ids: list[int], chunk: int = CHUNK_TOKENS, prepare: Prepare | None = None
+) -> torch.Tensor:
+    """[tokens, vocab] fp32: the logits after each token, given the ones before it. ``prepare``: an
+    attention backend's whose page-table row 0 holds at least as many slots as tokens, slot i at
+    position i (None: fp32 SDPA)."""
+    sequence = _SequenceContext(model.config.layer_windows)
     ids = torch.tensor(token_ids, dtype=torch.int64)
     pieces = []
     for start in range(0, len(ids), chunk):
         piece = ids[start : start + chunk]
         positions = torch.arange(start, start + len(piece))
+        ctx = sequence if prepare is None else prepare(_extend_batch(start, len(piece)))
         pieces.append(model(piece, positions, ctx, torch.arange(len(piece))).float())
     return torch.cat(pieces)
 
 
-def perplexity(model: DecoderForCausalLM, token_ids: list[int], chunk: int = CHUNK_TOKENS) -> float:
-    """exp(mean negative log-likelihood) of each token after the first, given the ones before it."""
+def perplexity(
+    model: DecoderForCausalLM, token_ids: list[int], chunk: int = CHUNK_TOKENS, prepare: Prepare | None = None
+) -> float:
+    """exp(mean negative log-likelihood) of each token after the first, given the ones before it
+    (``prepare`` as for ``sequence_logits``)."""
     if len(token_ids) < 2:
         raise ValueError("perplexity needs at least 2 tokens")
-    logits = sequence_logits(model, token_ids[:-1], chunk)
+    logits = sequence_logits(model, token_ids[:-1], chunk, prepare)
     nll = F.cross_entropy(logits.double(), torch.tensor(token_ids[1:]), reduction="mean")
     return math.exp(nll.item())

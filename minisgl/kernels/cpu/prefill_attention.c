@@ -1,0 +1,301 @@
+// Prefill attention read from a bf16 paged KV pool: each request's new tokens attend causally to its
+// cached prefix and to each other, their own keys and values already stored at their slots. Token t
+// of a request with `prefix` cached tokens sees its keys 0 .. prefix + t.
+//
+// torch's SDPA runs this in fp32 (the queries' dtype), through a padded gathered copy where a
+// prefix is cached. The SIMD body multiplies in bf16 with fp32 sums (AVX-512 BF16's vdpbf16ps: two
+// bf16 products per fp32 lane, twice an fp32 FMA's work), as vLLM's and llama.cpp's 16-bit
+// attention do: the queries and the softmax weights are rounded to bf16, the keys and values are
+// the pool's own bf16. Each (request, KV head) has its keys and values packed once into the layouts
+// vdpbf16ps pairs, then blocks of ROWS query rows (token, query head of the group) are split over
+// the threads: a block's scores for all the keys it sees (a two-pass softmax, no rescaling), its
+// weights rounded to bf16, then the weighted values. A row sees the same keys in the same order
+// whatever the pass it is in, so a token's attention is the same, bit for bit, in one pass or
+// chunked, with its prefix cached or not.
+
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels.h"
+#include "simd.h"
+
+#define DIM_STEP 16  // head_dim must be a multiple of this (the values' vectors)
+
+static int check_arguments(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d, int64_t slots,
+                           const int64_t *kv_slots, int64_t stride, const int64_t *q_starts, const int64_t *new_lens,
+                           const int64_t *prefix_lens, int64_t batch) {
+    if (d % DIM_STEP || d == 0 || kv_heads < 1 || heads % kv_heads) return KERNELS_BAD_SHAPE;
+    for (int64_t b = 0; b < batch; b++) {
+        if (q_starts[b] < 0 || new_lens[b] < 0 || q_starts[b] + new_lens[b] > tokens) return KERNELS_BAD_SHAPE;
+        if (prefix_lens[b] < 0 || prefix_lens[b] + new_lens[b] > stride) return KERNELS_BAD_KV_LEN;
+        for (int64_t j = 0; j < prefix_lens[b] + new_lens[b]; j++)
+            if (kv_slots[b * stride + j] < 0 || kv_slots[b * stride + j] >= slots) return KERNELS_BAD_KV_SLOT;
+    }
+    return KERNELS_OK;
+}
+
+static float rounded_to_bf16(float v) { return float_of_bf16(bf16_of(v)); }
+
+int prefill_attention_ref(const float *q, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d,
+                          const uint16_t *k_pool, const uint16_t *v_pool, int64_t slots, const int64_t *kv_slots,
+                          int64_t stride, const int64_t *q_starts, const int64_t *new_lens,
+                          const int64_t *prefix_lens, int64_t batch, float scale, float *out) {
+    const int invalid =
+        check_arguments(tokens, heads, kv_heads, d, slots, kv_slots, stride, q_starts, new_lens, prefix_lens, batch);
+    if (invalid) return invalid;
+    int64_t longest = 1;
+    for (int64_t b = 0; b < batch; b++)
+        longest = prefix_lens[b] + new_lens[b] > longest ? prefix_lens[b] + new_lens[b] : longest;
+    float *weights = malloc(sizeof(float) * (size_t)(longest + d));
+    if (weights == NULL) return KERNELS_NO_MEMORY;
+    float *query = weights + longest;
+    const int64_t group = heads / kv_heads;
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t t = 0; t < new_lens[b]; t++)
+            for (int64_t h = 0; h < heads; h++) {
+                const int64_t token = q_starts[b] + t, seen = prefix_lens[b] + t + 1, kv = h / group;
+                const int64_t *keys = kv_slots + b * stride;
+                for (int64_t i = 0; i < d; i++) query[i] = rounded_to_bf16(q[(token * heads + h) * d + i]);
+                float top = -INFINITY, total = 0.0f;
+                for (int64_t j = 0; j < seen; j++) {
+                    const uint16_t *key = k_pool + (keys[j] * kv_heads + kv) * d;
+                    float s = 0.0f;
+                    for (int64_t i = 0; i < d; i++) s += query[i] * float_of_bf16(key[i]);
+                    weights[j] = s * scale;
+                    top = weights[j] > top ? weights[j] : top;
+                }
+                for (int64_t j = 0; j < seen; j++) {
+                    const float e = expf(weights[j] - top);
+                    total += e;
+                    weights[j] = rounded_to_bf16(e);
+                }
+                for (int64_t i = 0; i < d; i++) {
+                    float acc = 0.0f;
+                    for (int64_t j = 0; j < seen; j++)
+                        acc += weights[j] * float_of_bf16(v_pool[(keys[j] * kv_heads + kv) * d + i]);
+                    out[(token * heads + h) * d + i] = acc / total;
+                }
+            }
+    free(weights);
+    return KERNELS_OK;
+}
+
+#if defined(KERNELS_AVX512)
+
+#define BF16 __attribute__((target("avx512bf16")))
+#define ROWS 8       // query rows of a block: with two key vectors, 16 accumulators
+#define KEYS 32      // keys per step of the scores (two vectors), and the padding of every key count
+#define CHUNKS 4     // value vectors (16 dimensions each) a row's weighted sum holds at once
+#define ROW_GROUP 4  // rows whose weighted sums run together: ROW_GROUP x CHUNKS accumulators
+
+int prefill_attention_runs(void) { return __builtin_cpu_supports("avx512bf16") != 0; }
+
+static inline int64_t padded(int64_t n) { return (n + KEYS - 1) / KEYS * KEYS; }
+
+// Keys first..last (multiples of KEYS) of KV head h packed for the scores: per block of 16 keys and pair
+// of dimensions, the 16 keys' pairs side by side (keys past n are zero).
+static void pack_keys(const uint16_t *pool, const int64_t *slots, int64_t kv_heads, int64_t h, int64_t d,
+                      int64_t n, int64_t first, int64_t last, uint16_t *packed) {
+    for (int64_t j = first; j < last; j++) {
+        const uint16_t *key = pool + (slots[j < n ? j : 0] * kv_heads + h) * d;
+        uint16_t *block = packed + (j / 16) * 16 * d + (j % 16) * 2;
+        for (int64_t i = 0; i < d; i += 2) {
+            block[i * 16] = j < n ? key[i] : 0;
+            block[i * 16 + 1] = j < n ? key[i + 1] : 0;
+        }
+    }
+}
+
+// The values likewise for the weighted sums: per pair of keys, each dimension's two values side by side.
+static void pack_values(const uint16_t *pool, const int64_t *slots, int64_t kv_heads, int64_t h, int64_t d,
+                        int64_t n, int64_t first, int64_t last, uint16_t *packed) {
+    for (int64_t j = first; j < last; j++) {
+        const uint16_t *value = pool + (slots[j < n ? j : 0] * kv_heads + h) * d;
+        uint16_t *pair = packed + (j / 2) * 2 * d + (j % 2);
+        for (int64_t i = 0; i < d; i++) pair[i * 2] = j < n ? value[i] : 0;
+    }
+}
+
+// Scores of ROWS bf16 query rows (`query`: [ROWS, d]) with `keys` packed keys, scaled: [ROWS, ld].
+BF16 static void score_block(const uint16_t *query, const uint16_t *packed, int64_t d, int64_t keys, float scale,
+                             float *scores, int64_t ld) {
+    const int64_t pairs = d / 2;
+    const int32_t *q32 = (const int32_t *)query;
+    for (int64_t j = 0; j < keys; j += KEYS) {
+        __m512 acc[ROWS][2];
+        for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        const uint16_t *first = packed + j * d, *second = first + 16 * d;
+        for (int64_t i = 0; i < pairs; i++) {
+            const __m512bh a = (__m512bh)_mm512_loadu_si512(first + i * 32);
+            const __m512bh b = (__m512bh)_mm512_loadu_si512(second + i * 32);
+            for (int r = 0; r < ROWS; r++) {
+                const __m512bh qr = (__m512bh)_mm512_set1_epi32(q32[r * pairs + i]);
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], qr, a);
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], qr, b);
+            }
+        }
+        const __m512 s = _mm512_set1_ps(scale);
+        for (int r = 0; r < ROWS; r++) {
+            _mm512_storeu_ps(scores + r * ld + j, _mm512_mul_ps(acc[r][0], s));
+            _mm512_storeu_ps(scores + r * ld + j + 16, _mm512_mul_ps(acc[r][1], s));
+        }
+    }
+}
+
+// A row's softmax numerators over its `seen` keys, rounded to bf16 into `weights` (zero up to `keys`):
+// their fp32 sum.
+static float weigh_row(const float *scores, int64_t seen, int64_t keys, uint16_t *weights) {
+    __m512 top = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < seen; j += 16) {
+        const __mmask16 in = (__mmask16)(seen - j >= 16 ? 0xFFFF : (1u << (seen - j)) - 1);
+        top = _mm512_mask_max_ps(top, in, top, _mm512_maskz_loadu_ps(in, scores + j));
+    }
+    const __m512 largest = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t j = 0; j < keys; j += 16) {
+        const int64_t left = seen - j;
+        const __mmask16 in = (__mmask16)(left >= 16 ? 0xFFFF : left <= 0 ? 0 : (1u << left) - 1);
+        const __m512 e = _mm512_maskz_mov_ps(in, vec_exp(_mm512_sub_ps(_mm512_loadu_ps(scores + j), largest)));
+        total = _mm512_add_ps(total, e);
+        _mm256_storeu_si256((__m256i *)(weights + j), round_to_bf16_512(e));
+    }
+    return _mm512_reduce_add_ps(total);
+}
+
+// Weighted sums of `pairs` pairs of packed values for ROW_GROUP rows (weights [ROW_GROUP, ld] bf16),
+// dimensions i .. i + 16 chunks, divided by each row's total into out[r] + i.
+BF16 static inline __attribute__((always_inline)) void sum_values(const int chunks, const uint16_t *weights,
+                                                                 int64_t ld, const uint16_t *packed, int64_t d,
+                                                                 int64_t i, int64_t pairs, const float *total,
+                                                                 float *const *out) {
+    __m512 acc[ROW_GROUP][CHUNKS];
+    for (int r = 0; r < ROW_GROUP; r++)
+        for (int c = 0; c < chunks; c++) acc[r][c] = _mm512_setzero_ps();
+    const int32_t *w32 = (const int32_t *)weights;
+    for (int64_t m = 0; m < pairs; m++) {
+        __m512bh v[CHUNKS];
+        for (int c = 0; c < chunks; c++) v[c] = (__m512bh)_mm512_loadu_si512(packed + (m * d + i + 16 * c) * 2);
+        for (int r = 0; r < ROW_GROUP; r++) {
+            const __m512bh w = (__m512bh)_mm512_set1_epi32(w32[r * (ld / 2) + m]);
+            for (int c = 0; c < chunks; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], w, v[c]);
+        }
+    }
+    for (int r = 0; r < ROW_GROUP; r++) {
+        if (out[r] == NULL) continue;
+        const __m512 inverse = _mm512_set1_ps(1.0f / total[r]);
+        for (int c = 0; c < chunks; c++) _mm512_storeu_ps(out[r] + i + 16 * c, _mm512_mul_ps(acc[r][c], inverse));
+    }
+}
+
+BF16 static void sum_values_1(const uint16_t *w, int64_t ld, const uint16_t *p, int64_t d, int64_t i, int64_t pairs,
+                              const float *total, float *const *out) {
+    sum_values(1, w, ld, p, d, i, pairs, total, out);
+}
+BF16 static void sum_values_4(const uint16_t *w, int64_t ld, const uint16_t *p, int64_t d, int64_t i, int64_t pairs,
+                              const float *total, float *const *out) {
+    sum_values(CHUNKS, w, ld, p, d, i, pairs, total, out);
+}
+
+// One block of ROWS rows, rows first.. of (request, KV head): row r is token r / group, query head
+// h * group + r % group; `rows` of them in all.
+typedef struct {
+    const float *q;
+    int64_t heads, group, d, h, token0, prefix, rows;
+    float scale;
+    const uint16_t *keys, *values;  // packed
+    float *out;
+} Head;
+
+BF16 static void attend_block(const Head *a, int64_t first, uint16_t *query, float *scores, uint16_t *weights,
+                              int64_t ld) {
+    const int64_t d = a->d, last_row = min64(first + ROWS, a->rows) - 1;
+    float *out[ROWS];
+    int64_t seen[ROWS];
+    for (int r = 0; r < ROWS; r++) {
+        const int64_t row = min64(first + r, last_row), t = row / a->group;
+        const int64_t head = a->h * a->group + row % a->group;
+        const float *q = a->q + ((a->token0 + t) * a->heads + head) * d;
+        for (int64_t i = 0; i < d; i += 16)
+            _mm256_storeu_si256((__m256i *)(query + r * d + i), round_to_bf16_512(_mm512_loadu_ps(q + i)));
+        out[r] = first + r <= last_row ? a->out + ((a->token0 + t) * a->heads + head) * d : NULL;
+        seen[r] = a->prefix + t + 1;
+    }
+    const int64_t keys = padded(seen[ROWS - 1]);  // the last row sees the most
+    score_block(query, a->keys, d, keys, a->scale, scores, ld);
+    float total[ROWS];
+    for (int r = 0; r < ROWS; r++) total[r] = weigh_row(scores + r * ld, seen[r], keys, weights + r * ld);
+    for (int g = 0; g < ROWS; g += ROW_GROUP) {
+        const int64_t pairs = (seen[g + ROW_GROUP - 1] + 1) / 2;
+        const uint16_t *w = weights + g * ld;
+        int64_t i = 0;
+        for (; i + CHUNKS * 16 <= d; i += CHUNKS * 16) sum_values_4(w, ld, a->values, d, i, pairs, total + g, out + g);
+        for (; i < d; i += 16) sum_values_1(w, ld, a->values, d, i, pairs, total + g, out + g);
+    }
+}
+
+int prefill_attention(const float *q, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d,
+                      const uint16_t *k_pool, const uint16_t *v_pool, int64_t slots, const int64_t *kv_slots,
+                      int64_t stride, const int64_t *q_starts, const int64_t *new_lens, const int64_t *prefix_lens,
+                      int64_t batch, float scale, float *out, int threads) {
+    if (!prefill_attention_runs()) return KERNELS_NO_INSTRUCTIONS;
+    const int invalid =
+        check_arguments(tokens, heads, kv_heads, d, slots, kv_slots, stride, q_starts, new_lens, prefix_lens, batch);
+    if (invalid) return invalid;
+    int64_t longest = 1;
+    for (int64_t b = 0; b < batch; b++)
+        longest = prefix_lens[b] + new_lens[b] > longest ? prefix_lens[b] + new_lens[b] : longest;
+    const int64_t ld = padded(longest);
+    static _Thread_local Scratch packing;  // the calling thread's: the packed keys and values, shared
+    uint16_t *packed_keys = scratch_reserve(&packing, sizeof(uint16_t) * 2 * (size_t)(ld * d));
+    if (packed_keys == NULL) return KERNELS_NO_MEMORY;
+    uint16_t *packed_values = packed_keys + ld * d;
+    const int64_t group = heads / kv_heads;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        // Each thread's block: its bf16 queries [ROWS, d], scores [ROWS, ld] and weights [ROWS, ld].
+        static _Thread_local Scratch scratch;
+        const size_t per_row = sizeof(uint16_t) * (size_t)d + (sizeof(float) + sizeof(uint16_t)) * (size_t)ld;
+        uint16_t *query = scratch_reserve(&scratch, ROWS * per_row);
+        if (query == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        float *scores = (float *)(query + ROWS * d);
+        uint16_t *weights = (uint16_t *)(scores + ROWS * ld);
+        for (int64_t b = 0; b < batch; b++)
+            for (int64_t h = 0; h < kv_heads; h++) {
+                const int64_t n = prefix_lens[b] + new_lens[b];
+                const int64_t *slots_b = kv_slots + b * stride;
+#pragma omp for schedule(static)
+                for (int64_t j = 0; j < padded(n); j += KEYS) {
+                    pack_keys(k_pool, slots_b, kv_heads, h, d, n, j, j + KEYS, packed_keys);
+                    pack_values(v_pool, slots_b, kv_heads, h, d, n, j, j + KEYS, packed_values);
+                }
+                const Head head = {q, heads, group, d, h, q_starts[b], prefix_lens[b], new_lens[b] * group, scale,
+                                   packed_keys, packed_values, out};
+                const int64_t blocks = (head.rows + ROWS - 1) / ROWS;
+                // Largest first: the later rows see more keys.
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t task = 0; task < blocks; task++)
+                    if (query != NULL) attend_block(&head, (blocks - 1 - task) * ROWS, query, scores, weights, ld);
+            }
+    }
+    return failed ? KERNELS_NO_MEMORY : KERNELS_OK;
+}
+
+#else  // AVX2 builds: torch's SDPA runs prefill attention
+
+int prefill_attention_runs(void) { return 0; }
+
+int prefill_attention(const float *q, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d,
+                      const uint16_t *k_pool, const uint16_t *v_pool, int64_t slots, const int64_t *kv_slots,
+                      int64_t stride, const int64_t *q_starts, const int64_t *new_lens, const int64_t *prefix_lens,
+                      int64_t batch, float scale, float *out, int threads) {
+    (void)q, (void)tokens, (void)heads, (void)kv_heads, (void)d, (void)k_pool, (void)v_pool, (void)slots;
+    (void)kv_slots, (void)stride, (void)q_starts, (void)new_lens, (void)prefix_lens, (void)batch, (void)scale;
+    (void)out, (void)threads;
+    return KERNELS_NO_INSTRUCTIONS;
+}
+
+#endif
