@@ -144,7 +144,7 @@ BF16 static void score_block(const uint16_t *query, const uint16_t *packed, int6
 
 // A row's softmax numerators over its `seen` keys, rounded to bf16 into `weights` (zero up to `keys`):
 // their fp32 sum.
-static float weigh_row(const float *scores, int64_t seen, int64_t keys, uint16_t *weights) {
+BF16 static float weigh_row(const float *scores, int64_t seen, int64_t keys, uint16_t *weights) {
     __m512 top = _mm512_set1_ps(-INFINITY);
     for (int64_t j = 0; j < seen; j += 16) {
         const __mmask16 in = (__mmask16)(seen - j >= 16 ? 0xFFFF : (1u << (seen - j)) - 1);
@@ -157,7 +157,7 @@ static float weigh_row(const float *scores, int64_t seen, int64_t keys, uint16_t
         const __mmask16 in = (__mmask16)(left >= 16 ? 0xFFFF : left <= 0 ? 0 : (1u << left) - 1);
         const __m512 e = _mm512_maskz_mov_ps(in, vec_exp(_mm512_sub_ps(_mm512_loadu_ps(scores + j), largest)));
         total = _mm512_add_ps(total, e);
-        _mm256_storeu_si256((__m256i *)(weights + j), round_to_bf16_512(e));
+        _mm256_storeu_si256((__m256i *)(weights + j), (__m256i)_mm512_cvtneps_pbh(e));
     }
     return _mm512_reduce_add_ps(total);
 }
@@ -216,7 +216,7 @@ BF16 static void attend_block(const Head *a, int64_t first, uint16_t *query, flo
         const int64_t head = a->h * a->group + row % a->group;
         const float *q = a->q + ((a->token0 + t) * a->heads + head) * d;
         for (int64_t i = 0; i < d; i += 16)
-            _mm256_storeu_si256((__m256i *)(query + r * d + i), round_to_bf16_512(_mm512_loadu_ps(q + i)));
+            _mm256_storeu_si256((__m256i *)(query + r * d + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(q + i)));
         out[r] = first + r <= last_row ? a->out + ((a->token0 + t) * a->heads + head) * d : NULL;
         seen[r] = a->prefix + t + 1;
     }

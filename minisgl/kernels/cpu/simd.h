@@ -129,9 +129,8 @@ typedef __m512 VecF;
 #define vec_max _mm512_max_ps
 #define vec_min _mm512_min_ps
 #define vec_round(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-// 2^n for whole n in fp32's normal range: n + 127 as the exponent field.
-#define vec_pow2(n) \
-    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
+// y x 2^n for whole n (vscalefps: one instruction).
+#define vec_times_pow2 _mm512_scalef_ps
 #define vec_reduce_add _mm512_reduce_add_ps
 #define vec_reduce_max _mm512_reduce_max_ps
 // Within each 128-bit lane, as SSE's unpcklps / unpckhps / shufps do.
@@ -160,8 +159,10 @@ typedef __m256 VecF;
 #define vec_max _mm256_max_ps
 #define vec_min _mm256_min_ps
 #define vec_round(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-#define vec_pow2(n) \
-    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
+// y x 2^n for whole n in fp32's normal range: n + 127 as the exponent field of 2^n.
+#define vec_times_pow2(y, n)                                                                     \
+    _mm256_mul_ps(y, _mm256_castsi256_ps(                                                        \
+                         _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)))
 #define vec_reduce_add sum256
 static inline float vec_reduce_max(VecF v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -191,7 +192,7 @@ static inline VecF vec_exp(VecF x) {
     y = vec_fmadd(y, r, vec_set1(1.6666665459e-1f));
     y = vec_fmadd(y, r, vec_set1(5.0000001201e-1f));
     y = vec_add(vec_fmadd(y, vec_mul(r, r), r), vec_set1(1.0f));
-    return vec_mul(y, vec_pow2(n));
+    return vec_times_pow2(y, n);
 }
 
 // The sums of four vectors, in that order: each pair's lanes interleaved and added, then the pairs'
