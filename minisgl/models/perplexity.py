@@ -52,7 +52,7 @@ Prepare = Callable[[Batch], AttentionContext]
 
 def _extend_batch(start: int, n: int) -> Batch:
     """Tokens start .. start + n of the sequence as one extend pass of page-table row 0, whose slot i
-    holds position i."""
+    holds position i (its ids are placeholders: the attention backend reads only the lengths and slots)."""
     positions = torch.arange(start, start + n)
     return Batch(
         attention=AttentionKind.EXTEND, input_ids=torch.zeros(n, dtype=torch.int64), positions=positions,
