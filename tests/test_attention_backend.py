@@ -3,6 +3,8 @@ plain softmax attention computed request by request."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -191,6 +193,39 @@ def test_prefill_on_a_bf16_pool_runs_the_c_kernel_where_the_cpu_has_avx512_bf16(
         assert torch.equal(again, out[52:67])
     else:
         torch.testing.assert_close(again, out[52:67], rtol=1e-5, atol=1e-5)
+
+
+def test_decode_rows_of_an_extend_pass_attend_as_a_decode_pass_does() -> None:
+    """A request decoding (its token and two draft tokens, all sampled) in a pass where another request
+    prefills: its rows go through the decode kernel, the same bits as in a decode pass of its own; the
+    prefill kernel takes the other request."""
+    kernels = c_kernels_or_skip()
+    if not kernels.runs_prefill_attention:
+        pytest.skip("the prefill kernel needs AVX-512 BF16: torch's strategies run the extend pass")
+    g = torch.Generator().manual_seed(4)
+    pool = random_pool(torch.bfloat16, g)
+    table = torch.randperm(SLOTS, generator=g)[: 2 * 512].view(2, 512).clone()
+    backend = ATTENTION_BACKENDS.get("torch")(pool, table, HEADS, KV_HEADS, DIM, (), torch.float32, kernels)
+    q, k, v = (torch.randn(43, h, DIM, generator=g) for h in (HEADS, KV_HEADS, KV_HEADS))
+    mixed = dataclasses.replace(  # request 0: 40 tokens after 10 cached; request 1: positions 299-301
+        hand_built_batch(table, [10, 299], [40, 3], AttentionKind.EXTEND), sample_rows=torch.tensor([39, 40, 41, 42])
+    )
+    ctx = backend.prepare(mixed)
+    assert isinstance(ctx, PagedPrefill) and ctx.decoding is not None
+    out = ctx.attend(0, q, k, v)
+    positions = torch.tensor([299, 300, 301])
+    decode = Batch(
+        attention=AttentionKind.DECODE, input_ids=torch.zeros(3, dtype=torch.int64), positions=positions,
+        out_slots=table[1, positions], table_rows=torch.tensor([1, 1, 1]), prefix_lens=positions,
+        extend_lens=torch.ones(3, dtype=torch.int64), sample_rows=torch.arange(3),
+    )  # fmt: skip
+    alone = backend.prepare(decode)
+    assert isinstance(alone, PagedDecode)
+    assert torch.equal(alone.attend(0, q[40:], k[40:], v[40:]), out[40:])
+    for i in range(40):  # request 0 against plain attention, at a bf16 tolerance
+        slots = table[0, : 10 + i + 1]
+        expected = reference(q[i], pool.k[0][slots].float(), pool.v[0][slots].float())
+        torch.testing.assert_close(out[i], expected, rtol=2e-2, atol=2e-2)
 
 
 def test_shared_groups_need_a_long_common_run() -> None:

@@ -21,7 +21,9 @@ from minisgl.tuning import MAX_PADDING_COST
 class PrefillPart(Protocol):
     """Attends some of the pass's tokens and writes their rows of the output."""
 
-    def write(self, out: torch.Tensor, pool: KVPool, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write(
+        self, out: torch.Tensor, pool: KVPool, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
         """``k``, ``v``: the pass's new K/V, rounded as the pool holds them."""
 
 
@@ -31,7 +33,9 @@ class FreshPrefill:
 
     runs: list[tuple[int, int]]  # (first row in the pass's tokens, tokens) of each request
 
-    def write(self, out: torch.Tensor, pool: KVPool, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write(
+        self, out: torch.Tensor, pool: KVPool, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
         for start, n in self.runs:
             end = start + n
             out[start:end] = sdpa(q[start:end], k[start:end], v[start:end], is_causal=True).flatten(1)
@@ -60,7 +64,9 @@ class CachedPrefill:
         device = page_table.device
         starts, new_lens, prefixes, rows = (list(column) for column in zip(*reqs))
         firsts = [first_key(p, window) for p in prefixes]
-        start_t, new_t, prefix_t, first_t = (torch.tensor(x, device=device) for x in (starts, new_lens, prefixes, firsts))
+        start_t, new_t, prefix_t, first_t = (
+            torch.tensor(x, device=device) for x in (starts, new_lens, prefixes, firsts)
+        )
         max_new, max_kv = max(new_lens), max(p + n - f for p, n, f in zip(prefixes, new_lens, firsts))
         i = torch.arange(max_new, device=device)
         j = torch.arange(max_kv, device=device)
@@ -86,7 +92,9 @@ class CachedPrefill:
             new_kv_index=new_cols[real],
         )
 
-    def write(self, out: torch.Tensor, pool: KVPool, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write(
+        self, out: torch.Tensor, pool: KVPool, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
         batch, max_kv = self.kv_slots.shape
         qi = q.index_select(0, self.q_index).view(batch, -1, *q.shape[1:]).transpose(1, 2)
         kv_shape = (batch, max_kv, *k.shape[1:])
@@ -156,24 +164,44 @@ class SingleFreshPrefill:
         return sdpa(q, self.pool.rounded(k), self.pool.rounded(v), is_causal=True).flatten(1)
 
 
+@dataclass(frozen=True)
+class DecodeRows:
+    """Rows of an extend pass that attend as decode queries: each row's keys are the first ``kv_lens``
+    of its ``kv_slots`` row ([rows, n]), itself the last of them."""
+
+    rows: torch.Tensor  # their rows in the pass's tokens
+    kv_slots: torch.Tensor
+    kv_lens: torch.Tensor
+
+
 class PagedPrefill:
-    """The whole pass in one call of the C kernel (``prefill_attention.c``): every request's keys and
-    values read from the bf16 pool where they lie, no padded gathered copy, the products in bf16."""
+    """The whole pass in C over the bf16 pool, every key and value read where it lies: the requests
+    that prefill in one call of ``prefill_attention.c`` (bf16 products, no padded gathered copy), and
+    the ``decoding`` rows, if any, through the decode kernel, as a decode pass attends them."""
 
     paged: PagedKV | None = None
 
     def __init__(
         self, pool: KVPool, out_slots: torch.Tensor, kernels: CpuKernels, kv_slots: torch.Tensor,
-        new_lens: torch.Tensor, prefix_lens: torch.Tensor,
+        q_starts: torch.Tensor, new_lens: torch.Tensor, prefix_lens: torch.Tensor, decoding: DecodeRows | None,
     ) -> None:  # fmt: skip
-        """``kv_slots``: [batch, n] each request's slots from position 0, at least prefix + new of them."""
+        """``kv_slots``: [batch, n] each prefilling request's slots from position 0, at least prefix + new
+        of them; ``q_starts``: its first row in the pass's tokens (``batch`` may be 0)."""
         self.pool, self.out_slots, self.kernels, self.kv_slots = pool, out_slots, kernels, kv_slots
-        self.new_lens, self.prefix_lens = new_lens, prefix_lens
-        self.q_starts = torch.cumsum(new_lens, 0) - new_lens
+        self.q_starts, self.new_lens, self.prefix_lens, self.decoding = q_starts, new_lens, prefix_lens, decoding
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.pool.store(layer_id, self.out_slots, k, v)
-        return self.kernels.prefill_attention(
-            q.contiguous(), self.pool.k[layer_id], self.pool.v[layer_id], self.kv_slots, self.q_starts,
-            self.new_lens, self.prefix_lens,
-        )  # fmt: skip
+        k_pool, v_pool = self.pool.k[layer_id], self.pool.v[layer_id]
+        q = q.contiguous()
+        out = self.kernels.prefill_attention(
+            q, k_pool, v_pool, self.kv_slots, self.q_starts, self.new_lens, self.prefix_lens
+        )
+        if self.decoding is not None:
+            d = self.decoding  # stores its rows' K/V again (the same bits), then attends
+            rows_q, rows_k, rows_v = (t.index_select(0, d.rows).contiguous() for t in (q, k, v))
+            out_slots = self.out_slots.index_select(0, d.rows)
+            out[d.rows] = self.kernels.paged_decode_attention(
+                rows_q, rows_k, rows_v, out_slots, k_pool, v_pool, d.kv_slots, d.kv_lens
+            )
+        return out

@@ -24,6 +24,7 @@ from minisgl.attention.decode import (
 from minisgl.attention.ops import key_bias
 from minisgl.attention.prefill import (
     CachedPrefill,
+    DecodeRows,
     FreshPrefill,
     PagedPrefill,
     PrefillAttention,
@@ -111,11 +112,7 @@ class TorchAttentionBackend(AttentionBackend):
         nothing cached (and, with a window, no more new tokens than it) attend to their fresh K/V
         directly; the rest are gathered into padded calls."""
         if window is None and self._prefill_kernels is not None:
-            kv_lens = batch.prefix_lens + batch.extend_lens
-            kv_slots = kv.table[batch.table_rows.to(kv.table.device), : int(kv_lens.max())].contiguous()
-            return PagedPrefill(
-                kv.pool, kv.out_slots, self._prefill_kernels, kv_slots, batch.extend_lens, batch.prefix_lens
-            )
+            return self._paged_prefill(batch, kv, self._prefill_kernels)
         prefixes, new_lens, rows = batch.prefix_lens.tolist(), batch.extend_lens.tolist(), batch.table_rows.tolist()
         fresh: list[tuple[int, int]] = []
         gathered: list[tuple[int, int, int, int]] = []  # (first token row, new tokens, prefix, table row)
@@ -133,6 +130,32 @@ class TorchAttentionBackend(AttentionBackend):
         buckets = padding_buckets([g[1] for g in gathered], kv_lens)
         parts += [CachedPrefill.build(kv.table, [gathered[i] for i in b], window) for b in buckets]
         return PrefillAttention(kv.pool, kv.out_slots, parts)
+
+    def _paged_prefill(self, batch: Batch, kv: _KVPlace, kernels: CpuKernels) -> PagedPrefill:
+        """Requests whose every token is sampled (decoding, with or without a draft, riding along) attend
+        as decode queries through the decode kernel where it runs: a token then decodes the same whether
+        or not a prefill shares its pass. The others go to the prefill kernel."""
+        new_lens, prefixes = batch.extend_lens.tolist(), batch.prefix_lens.tolist()
+        sampled = set(batch.sample_rows.tolist())
+        prefilling: list[tuple[int, int, int, int]] = []  # (first token row, new tokens, prefix, table row)
+        decode_rows: list[tuple[int, int, int]] = []  # (token row, table row, keys it sees)
+        start = 0
+        for n, prefix, row in zip(new_lens, prefixes, batch.table_rows.tolist()):
+            if self._paged_kernels is not None and all(start + i in sampled for i in range(n)):
+                decode_rows += [(start + i, row, prefix + i + 1) for i in range(n)]
+            else:
+                prefilling.append((start, n, prefix, row))
+            start += n
+        device = kv.table.device
+        decoding = None
+        if decode_rows:
+            rows, rows_of_table, lens = (torch.tensor(column, device=device) for column in zip(*decode_rows))
+            kv_slots = kv.table[rows_of_table, : int(lens.max())].contiguous()
+            decoding = DecodeRows(rows, kv_slots, lens)
+        empty = torch.zeros(0, dtype=torch.int64)
+        starts, lens, prefix_lens, rows = [torch.tensor(column) for column in zip(*prefilling)] or [empty] * 4
+        kv_slots = kv.table[rows.to(device), : max((p + n for _, n, p, _ in prefilling), default=0)].contiguous()
+        return PagedPrefill(kv.pool, kv.out_slots, kernels, kv_slots, starts, lens, prefix_lens, decoding)
 
     def _prepare_decode(self, batch: Batch, window: int | None, kv: _KVPlace) -> DecodeAttention:
         device = kv.table.device
