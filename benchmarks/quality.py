@@ -1,6 +1,10 @@
 """Quality of each quantization mode on the default GGUF: perplexity on the built-in corpus and greedy
 agreement with the fp32 path, beside llama.cpp's perplexity on the same file and the same tokens.
 
+Scoring samples every row, so the quantized products keep two int8 digits of x there; a prompt's rows
+that are not sampled get one (``DecoderForCausalLM._coarse_rows``), which the greedy columns include. The
+`auto` row "every row one digit" bounds that: its perplexity from one-digit rows all the way.
+
 Run: python -m benchmarks.quality [--max-tokens 32] [--out docs/benchmarks/quality.md]
 (quality figures, not timings: a busy machine gives the same numbers).
 """
@@ -10,19 +14,36 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+from contextlib import nullcontext
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
+import torch
 
 from benchmarks.corpus import GUIDELINES, PERSONAS, QUESTIONS
 from benchmarks.peers.amx import load_llama
 from minisgl import LLM, SamplingParams
+from minisgl.models.decoder import DecoderForCausalLM
 from minisgl.models.gguf import default_model_path
 from minisgl.models.perplexity import perplexity
 
 TEXT = " ".join(PERSONAS + GUIDELINES[:10])
-PROMPTS = QUESTIONS[:8]
-MODES = (("none", "float32"), ("auto", "float32"), ("int8", "float32"), ("int4", "float32"), ("none", "bfloat16"))
+PROMPTS = [*QUESTIONS, *(f"Explain this: {g}" for g in GUIDELINES[:16])]
+# (quantization, dtype, every row one digit)
+MODES = (
+    ("none", "float32", False), ("auto", "float32", False), ("auto", "float32", True), ("int8", "float32", False),
+    ("int4", "float32", False), ("none", "bfloat16", False),
+)  # fmt: skip
+
+
+def every_row_coarse() -> mock._patch:
+    """While entered, every row of every pass is rounded to one digit, the sampled ones too."""
+
+    def coarse(model: DecoderForCausalLM, tokens: int, logit_rows: torch.Tensor) -> torch.Tensor | None:
+        return None if model.kernels is None else torch.ones(tokens, dtype=torch.bool)
+
+    return mock.patch.object(DecoderForCausalLM, "_coarse_rows", coarse)
 
 
 def llama_cpp_perplexity(gguf: Path, token_ids: list[int]) -> float | None:
@@ -57,16 +78,18 @@ def main() -> None:
     args = parser.parse_args()
     gguf = default_model_path()
     rows, reference, token_ids = [], None, None
-    for mode, dtype in MODES:
+    for mode, dtype, one_digit in MODES:
         llm = LLM(quantization=mode, dtype=dtype, num_page_override=4096)
         token_ids = llm.tokenizer.encode(TEXT)
         prompts = [llm.apply_chat_template([{"role": "user", "content": q}]) for q in PROMPTS]
         engine = llm.scheduler.engine  # scored through its own attention: its KV dtype and kernels
-        ppl = perplexity(engine.model, token_ids, prepare=engine.scoring_attention(len(token_ids)).prepare)
-        outs = greedy(llm, prompts, args.max_tokens)
+        with every_row_coarse() if one_digit else nullcontext():
+            ppl = perplexity(engine.model, token_ids, prepare=engine.scoring_attention(len(token_ids)).prepare)
+            outs = greedy(llm, prompts, args.max_tokens)
         reference = reference or outs  # the first mode, fp32 dense, is the reference
         same, prefix = agreement(outs, reference)
-        rows.append(f"| minisgl `{mode}`, {dtype} | {ppl:.3f} | {same:.0%} | {prefix:.0%} |")
+        name = f"minisgl `{mode}`, {dtype}{', every row one digit' if one_digit else ''}"
+        rows.append(f"| {name} | {ppl:.3f} | {same:.0%} | {prefix:.0%} |")
         print(rows[-1], flush=True)
         llm.shutdown()
     assert token_ids is not None

@@ -21,9 +21,11 @@ from minisgl.kernels.native import resolve_kernels
 from minisgl.kernels.variants import VARIANTS, cpu_flags, host_variants
 from minisgl.layers.linear import Linear
 from minisgl.layers.quant import INT4_GROUP, DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
+from minisgl.models.decoder import DecoderForCausalLM
 from minisgl.models.gguf import default_model_path
 from minisgl.models.gguf_tensors import INT4_EXACT, GGUFTensors, int4_from_blocks
 from minisgl.models.perplexity import perplexity, sequence_logits
+from minisgl.tuning import MLP_BAND_ROWS
 from tests.conftest import c_kernels_or_skip
 from tests.tiny_models import WINDOW, build_tiny_model
 
@@ -238,6 +240,46 @@ def test_auto_perplexity_close_to_fp32(auto_llm: LLM, smollm: LLM) -> None:
     engine = auto_llm.scheduler.engine  # its own attention: the bf16 pool, the C prefill kernel where it runs
     quantized = perplexity(engine.model, ids, chunk=32, prepare=engine.scoring_attention(len(ids)).prepare)
     assert abs(quantized / fp32 - 1) < AUTO_PPL_BOUND, (quantized, fp32)
+
+
+def test_auto_perplexity_with_every_row_coarse_close_to_fp32(
+    auto_llm: LLM, smollm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scored rows are sampled, so keep two digits; rounding every row to one, as a prompt's unsampled
+    rows are, bounds what that costs: each token's logits from one-digit rows all the way."""
+    ids = smollm.tokenizer.encode(TEXT)
+    fp32 = perplexity(smollm.scheduler.engine.model, ids, chunk=32)
+    engine = auto_llm.scheduler.engine
+    prepare = engine.scoring_attention(len(ids)).prepare
+    precise = perplexity(engine.model, ids, chunk=32, prepare=prepare)
+    monkeypatch.setattr(
+        DecoderForCausalLM, "_coarse_rows", lambda self, tokens, rows: torch.ones(tokens, dtype=torch.bool)
+    )
+    coarse = perplexity(engine.model, ids, chunk=32, prepare=prepare)
+    assert coarse != precise  # the one-digit products ran
+    assert abs(coarse / fp32 - 1) < AUTO_PPL_BOUND, (coarse, fp32)
+
+
+def test_only_rows_that_are_not_sampled_are_rounded_coarse(auto_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every quantized product of a prefill gets the prompt's rows before its last marked coarse; the
+    sampled rows (the prompt's last, then each decoded token) and the LM head are never marked."""
+    marks: list[list[bool] | None] = []
+    forward = QuantizedWeight.forward
+
+    def spy(self: QuantizedWeight, x: torch.Tensor, coarse: torch.Tensor | None = None) -> torch.Tensor:
+        marks.append(None if coarse is None else coarse.tolist())
+        return forward(self, x, coarse)
+
+    monkeypatch.setattr(QuantizedWeight, "forward", spy)
+    prompt = auto_llm.tokenizer.encode(GUIDELINES[0])
+    assert 8 < len(prompt) < MLP_BAND_ROWS
+    auto_llm.flush_cache()
+    auto_llm.generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    marked = [m for m in marks if m is not None]
+    layers = auto_llm.scheduler.engine.model.config.num_layers
+    assert len(marked) == 4 * layers  # QKV, output, gate/up and down of the prefill pass
+    assert all(m == [True] * (len(prompt) - 1) + [False] for m in marked)
+    assert len(marks) > len(marked)  # the LM head's products (and any decode step's) unmarked
 
 
 def test_auto_greedy_same_in_a_batch_as_alone(auto_llm: LLM) -> None:

@@ -32,11 +32,10 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import cffi
 import torch
@@ -47,7 +46,13 @@ logger = logging.getLogger("minisgl.kernels")
 
 SOURCE_DIR = Path(__file__).parent / "cpu"
 HEADER = SOURCE_DIR / "kernels.h"
-Matmul = Callable[[torch.Tensor], torch.Tensor]
+
+
+class Matmul(Protocol):
+    """A quantized weight's product: x [rows, K] fp32 → [rows, N] fp32; ``coarse`` [rows] bool marks the
+    rows whose x is rounded to one int8 digit instead of two (quant_gemm.c), None none of them."""
+
+    def __call__(self, x: torch.Tensor, coarse: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 def resolve_kernels(choice: str, flags: frozenset[str] | None = None) -> CpuKernels | None:
@@ -268,7 +273,8 @@ class CpuKernels:
         self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, n: int, reference: bool = False
     ) -> Matmul:
         """An [n, K] int4 weight's tiles (``Int4Weight``; kernels.h's Int4). The product takes
-        [rows, K] fp32 and gives [rows, n] fp32, x rounded to int8 per group of 32 columns."""
+        [rows, K] fp32 and gives [rows, n] fp32, x rounded to int8 per group of 32 columns (two
+        digits, one on the rows ``coarse`` marks)."""
         k = _check_int4("int4 weight", (codes, scale, minimum), n)
         weight = (self.pointer(codes), self.pointer(scale), self.pointer(minimum))
         name = "int4_gemm_ref" if reference else "int4_gemm"
@@ -306,15 +312,21 @@ class CpuKernels:
     def _bind(
         self, name: str, n: int, k: int, weight: tuple[Any, ...], keep: tuple[torch.Tensor, ...], threads: bool
     ) -> Matmul:
-        """x [rows, k] → [rows, n] through ``name(x, rows, k, *weight, n, y[, threads])``, the weight's
-        pointers cast once (the closure keeps its tensors, so the pointers stay valid)."""
-        run, cast = getattr(self.lib, name), self.ffi.cast
+        """x [rows, k] (and coarse [rows] bool or None) → [rows, n] through ``name(x, coarse, rows, k,
+        *weight, n, y[, threads])``, the weight's pointers cast once (the closure keeps its tensors, so
+        the pointers stay valid)."""
+        run, cast, null = getattr(self.lib, name), self.ffi.cast, self.ffi.NULL
 
-        def matmul(x: torch.Tensor, keep: tuple[torch.Tensor, ...] = keep) -> torch.Tensor:
+        def matmul(
+            x: torch.Tensor, coarse: torch.Tensor | None = None, keep: tuple[torch.Tensor, ...] = keep
+        ) -> torch.Tensor:
             _check("x", x, (torch.float32,), (None, k))
+            if coarse is not None:
+                _check("coarse", coarse, (torch.bool,), (x.shape[0],))
+            rows = null if coarse is None else cast("uint8_t *", coarse.data_ptr())
             y = torch.empty(x.shape[0], n)
             if x.shape[0]:
-                args = (cast("float *", x.data_ptr()), x.shape[0], k, *weight, n, cast("float *", y.data_ptr()))
+                args = (cast("float *", x.data_ptr()), rows, x.shape[0], k, *weight, n, cast("float *", y.data_ptr()))
                 self.raise_for(name, run(*args, torch.get_num_threads()) if threads else run(*args))
             return y
 

@@ -32,13 +32,15 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = Linear(hidden, 2 * intermediate, partition=column(tp, part, part))
         self.down_proj = Linear(intermediate, hidden, partition=row(tp, part, reduce))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, coarse: torch.Tensor | None = None) -> torch.Tensor:
+        """``coarse``: [rows] bool or None, as ``Linear.forward`` takes it."""
         if len(x) <= MLP_BAND_ROWS:
-            return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
+            return self.down_proj(self.act_and_mul(self.gate_up_proj(x, coarse)), coarse)
         # A long prefill pass a band of rows at a time: its intermediate activations (3 x intermediate
         # per row) would otherwise be the engine's largest temporaries.
         out = x.new_empty(len(x), self.down_proj.shape[0])
         for start in range(0, len(x), MLP_BAND_ROWS):
             band = x[start : start + MLP_BAND_ROWS]
-            out[start : start + len(band)] = self.down_proj(self.act_and_mul(self.gate_up_proj(band)))
+            marks = None if coarse is None else coarse[start : start + len(band)]
+            out[start : start + len(band)] = self.down_proj(self.act_and_mul(self.gate_up_proj(band, marks)), marks)
         return out

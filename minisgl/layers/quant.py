@@ -10,8 +10,9 @@ weight (with its group scales) against fp32's 4. Two formats:
 
 Both are stored in tiles of 16 output rows (kernels.h's Int4 / Int8): ``minisgl/kernels/cpu/quant_gemm.c``
 multiplies them with fp32 rows at every row count, decode and prefill alike (integer dot products with
-AVX-512 VNNI, AVX-VNNI or AVX2, as llama.cpp does; x rounded to two int8 digits per group of 32), each
-row the same whatever the batch. Without the C kernels, torch's run instead: its weight-only kernels
+AVX-512 VNNI, AVX-VNNI or AVX2, as llama.cpp does; x rounded to two int8 digits per group of 32, or
+to one on the rows the caller marks ``coarse``: a prompt's rows that are not sampled), each row the same
+whatever the batch. Without the C kernels, torch's run instead: its weight-only kernels
 (``aten._weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm``: bf16 activations, their packed
 copies made on first use) for up to ``max_kernel_rows`` rows (``minisgl/tuning.py``, measured by
 ``benchmarks/many_rows.py``), and past them the weight expanded to bf16 a band of output rows at a
@@ -67,12 +68,14 @@ class QuantizedWeight(nn.Module):
     # The engine's C kernels (``DecoderForCausalLM.use_kernels``), set before the first product; None: torch's.
     kernels: CpuKernels | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """On the CPU: the C kernels at every row count; without them torch's kernels for at most
-        ``max_kernel_rows`` rows, bf16 GEMM on the expanded weight beyond."""
+    def forward(self, x: torch.Tensor, coarse: torch.Tensor | None = None) -> torch.Tensor:
+        """On the CPU: the C kernels at every row count, x rounded to two int8 digits per group of 32
+        (one on the rows ``coarse`` marks: [rows] bool, or None); without them torch's kernels for at
+        most ``max_kernel_rows`` rows, bf16 GEMM on the expanded weight beyond (bf16 x: ``coarse``
+        changes nothing there)."""
         rows = x.reshape(-1, self.in_features)
         if self._c_matmul is not None:
-            y = self._c_matmul(rows.float().contiguous())
+            y = self._c_matmul(rows.float().contiguous(), coarse)
         elif rows.shape[0] <= self.max_kernel_rows:
             y = self.kernel(rows)
         else:
@@ -368,7 +371,9 @@ class Int8Weight(QuantizedWeight):
 
     def bind(self, kernels: CpuKernels) -> Matmul:
         matmul, pad = kernels.int8(self.codes, self.scale, self.out_features), self.padded_in - self.in_features
-        return matmul if pad == 0 else lambda x: matmul(F.pad(x, (0, pad)))  # the kernel reads whole groups
+        if pad == 0:
+            return matmul
+        return lambda x, coarse=None: matmul(F.pad(x, (0, pad)), coarse)  # the kernel reads whole groups
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         # bf16 activations (and so scales): the torch kernel's fp32 path measured 10-100x slower past one row.

@@ -33,8 +33,8 @@ static void silu_mul(const float *gate_up, int64_t rows, int64_t n, float *act) 
 
 // y [rows, N] = x [rows, K] W^T through the weight's own kernel.
 static int project(const Projection *w, const Step *s, const float *x, int64_t K, int64_t N, float *y) {
-    if (w->bits == 4) return int4_gemm(x, s->batch, K, w->int4.codes, w->int4.scale, w->int4.minimum, N, y, s->threads);
-    if (w->bits == 8) return int8_gemm(x, s->batch, K, w->int8.codes, w->int8.scale, N, y, s->threads);
+    if (w->bits == 4) return int4_gemm(x, NULL, s->batch, K, w->int4.codes, w->int4.scale, w->int4.minimum, N, y, s->threads);
+    if (w->bits == 8) return int8_gemm(x, NULL, s->batch, K, w->int8.codes, w->int8.scale, N, y, s->threads);
     return KERNELS_BAD_SHAPE;
 }
 

@@ -13,8 +13,10 @@
 //   per row, stored apart: w = code * scale.
 //
 // x is rounded once per group of 32 columns to two int8 digits, x / step ~ high + low / 256: 15 bits
-// below the group's largest value. (One digit, llama.cpp's Q8 activations, is faster, but a one-digit
-// build lost about half of the greedy agreement with fp32 in benchmarks.quality.) A register tile
+// below the group's largest value; or, for the rows the caller marks `coarse`, to the high digit alone
+// (llama.cpp's Q8 activations: low = 0), which takes half the dot products. (A build that rounded every
+// row to one digit lost about half of the greedy agreement with fp32 in benchmarks.quality: the engine
+// marks only the rows whose outputs are not sampled.) A register tile
 // computes one vector of output rows against up to GEMM_ROWS rows of x: a group's eight 4-column dot
 // products per digit sum in int32 per lane (vpdpbusd, unsigned by signed: int8 codes go in offset by
 // 128, taken back out with the digits' sum) before the one conversion that applies the group's step.
@@ -24,12 +26,15 @@
 //
 // Arithmetic, the same in the references and in every SIMD body, bit for bit, and for a row of x the
 // same whatever other rows it comes with (a request computes the same alone as in a batch): per row of
-// x and group g, v = x * (127 / max |x|), high = round(v), low = round(256 (v - high)) (both int8),
-// q = 256 high + low, step = max |x| / 127 / 256, sum = step * (sum of q); then per output o, over the
+// x and group g, v = x * (127 / max |x|), high = round(v), low = round(256 (v - high)) (both int8;
+// low = 0 for a coarse row), q = 256 high + low, step = max |x| / 127 / 256, sum = step * (sum of q); then per output o, over the
 // groups in order,
 // - int4: acc = fma(dot(q, code), scale * step, acc); acc = fma(minimum, sum, acc); y = acc,
 // - int8: acc = fma(dot(q, code), step, acc); y = acc * scale,
 // the dequantized weight times the rounded x.
+//
+// A register tile of rows that are all coarse runs without the low digit's products; one with any
+// precise row runs them all, the coarse rows' on their zero digits: either way the same integers.
 //
 // Threads: the tiles are split over `threads` OpenMP threads, each a contiguous run of them; x is
 // rounded once, row by row over them.
@@ -53,11 +58,13 @@
 
 const char *kernels_variant(void) { return KERNELS_VARIANT; }
 
-// One row of x rounded per group (as above): its digits q (high) and q_low [K] int8, step and sum [K / 32].
-typedef void (*RoundRow)(const float *x, int64_t K, int8_t *q, int8_t *q_low, float *step, int32_t *totals, float *sum);
+// One row of x rounded per group (as above): its digits q (high) and q_low [K] int8 (zeros where
+// `coarse`), step and sum [K / 32].
+typedef void (*RoundRow)(const float *x, int64_t K, int coarse, int8_t *q, int8_t *q_low, float *step,
+                         int32_t *totals, float *sum);
 
-static void round_row_plain(const float *x, int64_t K, int8_t *q, int8_t *q_low, float *step, int32_t *totals,
-                            float *sum) {
+static void round_row_plain(const float *x, int64_t K, int coarse, int8_t *q, int8_t *q_low, float *step,
+                            int32_t *totals, float *sum) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
         float amax = 0.0f;
@@ -65,7 +72,7 @@ static void round_row_plain(const float *x, int64_t K, int8_t *q, int8_t *q_low,
         const float s = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
         int32_t total = 0;  // of the digits, 256 high + low
         for (int64_t i = 0; i < GROUP; i++) {
-            const float v = xg[i] * inverse, high = nearbyintf(v), low = nearbyintf((v - high) * 256.0f);
+            const float v = xg[i] * inverse, high = nearbyintf(v), low = coarse ? 0.0f : nearbyintf((v - high) * 256.0f);
             const int8_t h = (int8_t)(high > 127.0f ? 127.0f : high < -127.0f ? -127.0f : high);
             const int8_t l = (int8_t)(low > 127.0f ? 127.0f : low < -127.0f ? -127.0f : low);
             q[g * GROUP + i] = h;
@@ -87,8 +94,8 @@ typedef struct {
     int16_t *wide;  // the int8 product's operand with AVX2 alone (widen_rows); NULL elsewhere
 } RoundedX;
 
-static int round_rows(RoundRow round_row, const float *x, int64_t rows, int64_t K, Scratch *scratch, RoundedX *out,
-                      int threads) {
+static int round_rows(RoundRow round_row, const float *x, const uint8_t *coarse, int64_t rows, int64_t K,
+                      Scratch *scratch, RoundedX *out, int threads) {
     const int64_t groups = K / GROUP;
     const size_t code_bytes = round64((size_t)(rows * K)), step_bytes = round64(sizeof(float) * (size_t)(rows * groups));
     char *buffer = scratch_reserve(scratch, 2 * code_bytes + 3 * step_bytes);
@@ -101,8 +108,8 @@ static int round_rows(RoundRow round_row, const float *x, int64_t rows, int64_t 
     out->wide = NULL;
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++)
-        round_row(x + r * K, K, out->codes + r * K, out->low + r * K, out->step + r * groups, out->total + r * groups,
-                  out->sum + r * groups);
+        round_row(x + r * K, K, coarse != NULL && coarse[r], out->codes + r * K, out->low + r * K, out->step + r * groups,
+                  out->total + r * groups, out->sum + r * groups);
     return KERNELS_OK;
 }
 
@@ -113,12 +120,12 @@ static inline int int4_code_at(const uint8_t *codes, int64_t K, int64_t o, int64
     return c < 16 ? byte & 0x0F : byte >> 4;
 }
 
-int int4_gemm_ref(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
-                  const uint16_t *minimum, int64_t N, float *y) {
+int int4_gemm_ref(const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const uint8_t *codes,
+                  const uint16_t *scale, const uint16_t *minimum, int64_t N, float *y) {
     if (K % GROUP) return KERNELS_BAD_SHAPE;
     Scratch scratch = {0};
     RoundedX xr;
-    if (round_rows(round_row_plain, x, rows, K, &scratch, &xr, 1)) return KERNELS_NO_MEMORY;
+    if (round_rows(round_row_plain, x, coarse, rows, K, &scratch, &xr, 1)) return KERNELS_NO_MEMORY;
     const int64_t groups = K / GROUP;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t o = 0; o < N; o++) {
@@ -146,12 +153,12 @@ static inline int int8_code_at(const int8_t *codes, int64_t K, int64_t o, int64_
     return codes[((o / TILE * (K / GROUP) + k / GROUP) * 8 + k % GROUP / 4) * 4 * TILE + o % TILE * 4 + k % 4];
 }
 
-int int8_gemm_ref(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
-                  float *y) {
+int int8_gemm_ref(const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const int8_t *codes,
+                  const float *scale, int64_t N, float *y) {
     if (K % GROUP) return KERNELS_BAD_SHAPE;
     Scratch scratch = {0};
     RoundedX xr;
-    if (round_rows(round_row_plain, x, rows, K, &scratch, &xr, 1)) return KERNELS_NO_MEMORY;
+    if (round_rows(round_row_plain, x, coarse, rows, K, &scratch, &xr, 1)) return KERNELS_NO_MEMORY;
     const int64_t groups = K / GROUP;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t o = 0; o < N; o++) {
@@ -247,8 +254,8 @@ static inline void store_8(int8_t *p, __m256i v) {  // 8 int32 in -127..127, in 
 #define PARTS (TILE / V)  // vectors of output rows per tile
 
 // round_row_plain in vector registers: the same values (max and integer sums in another order).
-static void round_row_simd(const float *x, int64_t K, int8_t *q, int8_t *q_low, float *step, int32_t *totals,
-                           float *sum) {
+static void round_row_simd(const float *x, int64_t K, int coarse, int8_t *q, int8_t *q_low, float *step,
+                           int32_t *totals, float *sum) {
     const VecF low_scale = set1_ps(256.0f), top = set1_ps(127.0f), bottom = set1_ps(-127.0f);
     for (int64_t g = 0; g < K / GROUP; g++) {
         VecF part[GROUP / V], m = zero_ps();
@@ -261,7 +268,7 @@ static void round_row_simd(const float *x, int64_t K, int8_t *q, int8_t *q_low, 
         VecI total = zero_si();
         for (int i = 0; i < GROUP / V; i++) {
             const VecF v = mul_ps(part[i], inverse), high = round_ps(v);
-            const VecF low = round_ps(mul_ps(sub_ps(v, high), low_scale));
+            const VecF low = coarse ? zero_ps() : round_ps(mul_ps(sub_ps(v, high), low_scale));
             const VecI hi = cvt_32(min_ps(max_ps(high, bottom), top)), lo = cvt_32(min_ps(max_ps(low, bottom), top));
             store_8(q + g * GROUP + V * i, hi);
             store_8(q_low + g * GROUP + V * i, lo);
@@ -331,12 +338,12 @@ static inline __m256i int4_digit_dot(const __m256i *quads, const int8_t *q, __m2
 }
 #endif
 
-// R rows of x from r0 against one vector of BITS-bit output rows (both compile-time constants: always
-// inlined with literals), over groups g0 .. g1: the sums go on from y's where g0 > 0 (the same chain
-// of fmas as in one pass).
-static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, const int BITS, int64_t K, const Rows *w,
-                                                            const RoundedX *x, int64_t r0, int64_t g0, int64_t g1,
-                                                            int64_t N, float *y) {
+// R rows of x from r0 against one vector of BITS-bit output rows, with DIGITS digits of x (1: the rows
+// are all coarse; all three compile-time constants: always inlined with literals), over groups g0 .. g1:
+// the sums go on from y's where g0 > 0 (the same chain of fmas as in one pass).
+static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, const int BITS, const int DIGITS,
+                                                            int64_t K, const Rows *w, const RoundedX *x, int64_t r0,
+                                                            int64_t g0, int64_t g1, int64_t N, float *y) {
     const int64_t groups = K / GROUP, group_bytes = 4 * BITS * TILE;
     const VecI nibble = set1_8(0x0F);
     VecF acc[GEMM_ROWS];
@@ -384,9 +391,9 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
             VecI dot;
 #if defined(WIDE_DOTS)
             if (BITS == 4) {
-                dot = add_32(int4_digit_dot(quads, x->codes + column, _mm256_set1_epi16(256)),
-                             int4_digit_dot(quads, x->low + column, _mm256_set1_epi16(1)));
-            } else {
+                dot = int4_digit_dot(quads, x->codes + column, _mm256_set1_epi16(256));
+                if (DIGITS == 2) dot = add_32(dot, int4_digit_dot(quads, x->low + column, _mm256_set1_epi16(1)));
+            } else {  // x->wide holds both digits (a coarse row's low ones zero): one product either way
                 // Per lane pairs of one row's column sums (rows 0-3, rows 4-7), then one sum per row in order.
                 __m256i first = zero_si(), second = zero_si();
                 for (int i = 0; i < 8; i++) {
@@ -400,7 +407,7 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
             }
 #else
             VecI digit[2];
-            for (int d = 0; d < 2; d++) {
+            for (int d = 0; d < DIGITS; d++) {
                 const int8_t *q = (d ? x->low : x->codes) + column;
                 // Two chains of vpdpbusd, each half as long: many rows of x are bound by its latency.
                 VecI even = zero_si(), odd = zero_si();
@@ -410,7 +417,8 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
                 }
                 digit[d] = add_32(even, odd);
             }
-            dot = add_32(slli_32(digit[0], 8), digit[1]);
+            dot = slli_32(digit[0], 8);
+            if (DIGITS == 2) dot = add_32(dot, digit[1]);
             if (BITS == 8) dot = sub_32(dot, set1_32(128 * x->total[at]));
 #endif
             if (BITS == 4) {
@@ -437,38 +445,41 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
 }
 
 typedef void (*TileFn)(int64_t, const Rows *, const RoundedX *, int64_t, int64_t, int64_t, int64_t, float *);
-#define GEMM_TILE(R, BITS)                                                                                  \
-    static void gemm_tile_##R##_##BITS(int64_t K, const Rows *w, const RoundedX *x, int64_t r0, int64_t g0, \
-                                       int64_t g1, int64_t N, float *y) {                                  \
-        gemm_tile(R, BITS, K, w, x, r0, g0, g1, N, y);                                                      \
+#define GEMM_TILE(R, BITS, DIGITS)                                                                         \
+    static void gemm_tile_##R##_##BITS##_##DIGITS(int64_t K, const Rows *w, const RoundedX *x, int64_t r0,     \
+                                                  int64_t g0, int64_t g1, int64_t N, float *y) {            \
+        gemm_tile(R, BITS, DIGITS, K, w, x, r0, g0, g1, N, y);                                                \
     }
-#define GEMM_TILES(BITS)                                                                                      \
-    GEMM_TILE(1, BITS)                                                                                        \
-    GEMM_TILE(2, BITS)                                                                                        \
-    GEMM_TILE(3, BITS)                                                                                        \
-    GEMM_TILE(4, BITS)                                                                                        \
-    GEMM_TILE(5, BITS)                                                                                        \
-    GEMM_TILE(6, BITS)                                                                                        \
-    GEMM_TILE(7, BITS)                                                                                        \
-    GEMM_TILE(8, BITS)                                                                                        \
-    static const TileFn gemm_tiles_##BITS[GEMM_ROWS + 1] = {                                                  \
-        NULL, gemm_tile_1_##BITS, gemm_tile_2_##BITS, gemm_tile_3_##BITS, gemm_tile_4_##BITS, gemm_tile_5_##BITS, \
-        gemm_tile_6_##BITS, gemm_tile_7_##BITS, gemm_tile_8_##BITS};
-GEMM_TILES(4)
-GEMM_TILES(8)
+#define GEMM_TILES(BITS, DIGITS)                                                                              \
+    GEMM_TILE(1, BITS, DIGITS)                                                                                \
+    GEMM_TILE(2, BITS, DIGITS)                                                                                \
+    GEMM_TILE(3, BITS, DIGITS)                                                                                \
+    GEMM_TILE(4, BITS, DIGITS)                                                                                \
+    GEMM_TILE(5, BITS, DIGITS)                                                                                \
+    GEMM_TILE(6, BITS, DIGITS)                                                                                \
+    GEMM_TILE(7, BITS, DIGITS)                                                                                \
+    GEMM_TILE(8, BITS, DIGITS)                                                                                \
+    static const TileFn gemm_tiles_##BITS##_##DIGITS[GEMM_ROWS + 1] = {                                       \
+        NULL, gemm_tile_1_##BITS##_##DIGITS, gemm_tile_2_##BITS##_##DIGITS, gemm_tile_3_##BITS##_##DIGITS,     \
+        gemm_tile_4_##BITS##_##DIGITS, gemm_tile_5_##BITS##_##DIGITS, gemm_tile_6_##BITS##_##DIGITS,           \
+        gemm_tile_7_##BITS##_##DIGITS, gemm_tile_8_##BITS##_##DIGITS};
+GEMM_TILES(4, 1)
+GEMM_TILES(4, 2)
+GEMM_TILES(8, 1)
+GEMM_TILES(8, 2)
 
 // Every row of x against every tile of a BITS-bit weight (rows_of's codes, scale, minimum).
-static int gemm(int bits, const float *x, int64_t rows, int64_t K, const void *codes, const void *scale,
-                const uint16_t *minimum, int64_t N, float *y, int threads) {
+static int gemm(int bits, const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const void *codes,
+                const void *scale, const uint16_t *minimum, int64_t N, float *y, int threads) {
     if (K % GROUP) return KERNELS_BAD_SHAPE;
     static _Thread_local Scratch x_scratch;
     RoundedX xr;
-    if (round_rows(round_row_simd, x, rows, K, &x_scratch, &xr, threads)) return KERNELS_NO_MEMORY;
+    if (round_rows(round_row_simd, x, coarse, rows, K, &x_scratch, &xr, threads)) return KERNELS_NO_MEMORY;
 #if defined(WIDE_DOTS)
     static _Thread_local Scratch wide_scratch;
     if (bits == 8 && widen_rows(&xr, rows, K, &wide_scratch, threads)) return KERNELS_NO_MEMORY;
 #endif
-    const TileFn *tiles_of = bits == 4 ? gemm_tiles_4 : gemm_tiles_8;
+    const TileFn *precise = bits == 4 ? gemm_tiles_4_2 : gemm_tiles_8_2, *one_digit = bits == 4 ? gemm_tiles_4_1 : gemm_tiles_8_1;
     const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE;
     // One register tile of rows reads each code once: no span of groups, so a tile's codes are one stream.
     const int64_t span = rows > GEMM_ROWS ? SPAN : groups;
@@ -482,7 +493,10 @@ static int gemm(int bits, const float *x, int64_t rows, int64_t K, const void *c
         for (int64_t g0 = 0; g0 < groups; g0 += span) {
             const int64_t g1 = min64(g0 + span, groups);
             for (int64_t r0 = 0; r0 < rows; r0 += GEMM_ROWS) {
-                const TileFn run = tiles_of[min64(GEMM_ROWS, rows - r0)];
+                const int64_t R = min64(GEMM_ROWS, rows - r0);
+                int all_coarse = coarse != NULL;
+                for (int64_t r = r0; r < r0 + R && all_coarse; r++) all_coarse = coarse[r];
+                const TileFn run = (all_coarse ? one_digit : precise)[R];
                 for (int64_t t = t0; t < t1; t++)
                     for (int64_t part = 0; part < PARTS; part++) {
                         const Rows w = rows_of(bits, codes, scale, minimum, groups, N, t, part);
@@ -494,32 +508,32 @@ static int gemm(int bits, const float *x, int64_t rows, int64_t K, const void *c
     return KERNELS_OK;
 }
 
-// x: [rows, K] fp32 (K a multiple of 32), codes / scale / minimum: the tiles of an [N, K] weight
-// (kernels.h's Int4), y: [rows, N] fp32.
-int int4_gemm(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
-              const uint16_t *minimum, int64_t N, float *y, int threads) {
-    return gemm(4, x, rows, K, codes, scale, minimum, N, y, threads);
+// x: [rows, K] fp32 (K a multiple of 32), coarse: [rows] or NULL (every row precise), codes / scale /
+// minimum: the tiles of an [N, K] weight (kernels.h's Int4), y: [rows, N] fp32.
+int int4_gemm(const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const uint8_t *codes,
+              const uint16_t *scale, const uint16_t *minimum, int64_t N, float *y, int threads) {
+    return gemm(4, x, coarse, rows, K, codes, scale, minimum, N, y, threads);
 }
 
-// x: [rows, K] fp32 (K a multiple of 32), codes / scale: the tiles of an [N, K] weight (kernels.h's
-// Int8), y: [rows, N] fp32.
-int int8_gemm(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N, float *y,
-              int threads) {
-    return gemm(8, x, rows, K, codes, scale, NULL, N, y, threads);
+// x: [rows, K] fp32 (K a multiple of 32), coarse: [rows] or NULL, codes / scale: the tiles of an [N, K]
+// weight (kernels.h's Int8), y: [rows, N] fp32.
+int int8_gemm(const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const int8_t *codes, const float *scale,
+              int64_t N, float *y, int threads) {
+    return gemm(8, x, coarse, rows, K, codes, scale, NULL, N, y, threads);
 }
 
 #else  // no SIMD: the references are the bodies
 
-int int4_gemm(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
-              const uint16_t *minimum, int64_t N, float *y, int threads) {
+int int4_gemm(const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const uint8_t *codes,
+              const uint16_t *scale, const uint16_t *minimum, int64_t N, float *y, int threads) {
     (void)threads;
-    return int4_gemm_ref(x, rows, K, codes, scale, minimum, N, y);
+    return int4_gemm_ref(x, coarse, rows, K, codes, scale, minimum, N, y);
 }
 
-int int8_gemm(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N, float *y,
-              int threads) {
+int int8_gemm(const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const int8_t *codes, const float *scale,
+              int64_t N, float *y, int threads) {
     (void)threads;
-    return int8_gemm_ref(x, rows, K, codes, scale, N, y);
+    return int8_gemm_ref(x, coarse, rows, K, codes, scale, N, y);
 }
 
 #endif
