@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from minisgl.config import EngineConfig
 from minisgl.kernels import native
 from minisgl.kernels.native import CpuKernels, LayerWeights, resolve_kernels
 from minisgl.kernels.variants import VARIANTS, host_variants
 from minisgl.layers.quant import Int4Weight, Int8Weight
+from minisgl.layers.rotary import RotaryEmbedding, apply_rotary
 from tests.conftest import c_kernels_or_skip
 
 AVX2 = frozenset({"avx2", "fma", "f16c"})
@@ -279,7 +281,45 @@ def test_prefill_attention_is_the_same_chunked(kernels: CpuKernels) -> None:
     assert torch.equal(tail, whole[split:])
 
 
+@pytest.mark.parametrize("tokens, heads, d", [(1, 12, 64), (37, 4, 16), (300, 3, 128)])
+def test_rotary_is_torch_rope_bit_for_bit(kernels: CpuKernels, tokens: int, heads: int, d: int) -> None:
+    """On a view into a wider fused QKV row, as the attention layer hands it over, over more
+    tokens than one thread takes."""
+    table = RotaryEmbedding(d, 512, 10000.0, None)
+    rope = table.table(torch.randint(0, 512, (tokens,)), torch.float32)
+    qkv = torch.randn(tokens, (heads + 2) * d) * 5
+    x = qkv[:, : heads * d].view(tokens, heads, d)
+    rotated = kernels.rotary(x, rope[0].view(tokens, d), rope[1].view(tokens, d))
+    assert rotated.is_contiguous() and torch.equal(rotated, apply_rotary(x, rope))
+
+
+@pytest.mark.parametrize("rows, n", [(1, 8), (37, 1536 + 5), (3, 40)])
+def test_silu_and_mul_is_torch_swiglu_within_rounding(kernels: CpuKernels, rows: int, n: int) -> None:
+    """Over the vector body and its scalar tail, with gates far out on both sides."""
+    gate_up = torch.randn(rows, 2 * n) * 4
+    gate_up[0, 0], gate_up[-1, n - 1] = -200.0, 200.0
+    gate, up = gate_up.chunk(2, dim=-1)
+    expected = F.silu(gate) * up
+    torch.testing.assert_close(kernels.silu_and_mul(gate_up), expected, rtol=2e-6, atol=1e-6)
+
+
 # -- the boundary ---------------------------------------------------------------------------------
+def test_rotary_and_swiglu_refuse_what_the_c_code_cannot_read(kernels: CpuKernels) -> None:
+    cos = sin = torch.ones(4, 16)
+    with pytest.raises(ValueError, match="x must hold each token's heads contiguous"):
+        kernels.rotary(torch.randn(4, 16, 2).transpose(1, 2), cos, sin)
+    with pytest.raises(ValueError, match="x must be torch.float32 on the CPU, got torch.bfloat16"):
+        kernels.rotary(torch.randn(4, 2, 16, dtype=torch.bfloat16), cos, sin)
+    with pytest.raises(ValueError, match=r"x must be a \[tokens, heads, d\] tensor"):
+        kernels.rotary(torch.randn(4, 16), cos, sin)
+    with pytest.raises(ValueError, match=r"sin must have shape \[4, 16\], got \[3, 16\]"):
+        kernels.rotary(torch.randn(4, 2, 16), cos, torch.ones(3, 16))
+    with pytest.raises(ValueError, match="gate_up must have an even number of columns, got 7"):
+        kernels.silu_and_mul(torch.randn(2, 7))
+    with pytest.raises(ValueError, match="gate_up must be contiguous"):
+        kernels.silu_and_mul(torch.randn(8, 2).T)
+
+
 def test_products_refuse_what_the_c_code_cannot_read(kernels: CpuKernels) -> None:
     weight = Int4Weight.quantize(torch.randn(8, 128))
     matmul = kernels.int4(weight.codes, weight.scale, weight.minimum, 8)

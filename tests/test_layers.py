@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +13,7 @@ from minisgl.kernels.native import resolve_kernels
 from minisgl.layers.linear import Linear, linear, pack_weights
 from minisgl.layers.mlp import GatedMLP
 from minisgl.layers.norm import RMSNorm
+from minisgl.layers.quant import Int4Weight
 from minisgl.layers.rotary import RotaryEmbedding, apply_rotary
 from minisgl.tuning import MLP_BAND_ROWS
 
@@ -49,6 +52,30 @@ def test_mlp_in_bands_of_rows_is_the_whole_product(rows: int) -> None:
     expected = F.linear(F.silu(gate) * up, mlp.down_proj.weight)
     # fp32 rounding only: a band of one row takes MKL's matrix-vector path, which sums in another order.
     torch.testing.assert_close(mlp(x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_quantized_mlp_takes_the_kernels_swiglu_and_a_dense_one_torchs() -> None:
+    """Dense fp32 layers keep torch's SiLU bit for bit (the token-exact mode); quantized ones run the
+    fused decode step's, so that a layer-by-layer pass computes what the one-call step does."""
+    kernels = resolve_kernels("auto")
+    if kernels is None:
+        pytest.skip("no C kernels on this host")
+    torch.manual_seed(0)
+    mlp, x = GatedMLP(64, 96, None, (0, 96)), torch.randn(5, 64)
+    for p in mlp.parameters():
+        p.data.normal_()
+    gate, up = F.linear(x, mlp.gate_up_proj.weight).chunk(2, dim=-1)
+    with mock.patch.object(kernels, "silu_and_mul", wraps=kernels.silu_and_mul) as swiglu:
+        assert torch.equal(mlp(x), F.linear(F.silu(gate) * up, mlp.down_proj.weight))
+        assert swiglu.call_count == 0
+        for proj in (mlp.gate_up_proj, mlp.down_proj):
+            assert proj.weight is not None
+            proj.quantize(Int4Weight.quantize(proj.weight.detach()))
+            assert proj.quantized is not None
+            proj.quantized.kernels = kernels
+        gate_up = mlp.gate_up_proj(x)
+        assert torch.equal(mlp(x), mlp.down_proj(kernels.silu_and_mul(gate_up)))
+        assert swiglu.call_count == 2  # once in the MLP, once above
 
 
 @pytest.mark.parametrize("rows", [1, 5, 40])

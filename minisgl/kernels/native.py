@@ -192,7 +192,9 @@ def _check_int8(name: str, weight: Int8Buffers, n: int) -> int:
     _check(f"{name} codes", codes, (torch.int8,), (tiles, None))
     k = codes.shape[1] // QUANT_TILE
     if codes.shape[1] % (QUANT_TILE * 32) or k == 0:
-        raise ValueError(f"{name} codes must have a multiple of 512 bytes a tile (32 int8 columns), got {codes.shape[1]}")
+        raise ValueError(
+            f"{name} codes must have a multiple of 512 bytes a tile (32 int8 columns), got {codes.shape[1]}"
+        )
     _check(f"{name} scale", scale, (torch.float32,), (tiles * QUANT_TILE,))
     return k
 
@@ -434,6 +436,40 @@ class CpuKernels:
         p = self.pointer
         self.lib.rms_norm(p(x), delta_ptr, sum_ptr, p(weight), rows, n, eps, p(out), torch.get_num_threads())
         return out, total
+
+    def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate-half RoPE of fp32 heads ``x`` [tokens, heads, d], each token's heads contiguous and
+        its rows any number of floats apart (a view into the fused QKV output), by ``cos``/``sin``
+        [tokens, d] (``RotaryEmbedding``'s tables: sin's first half negated) → a contiguous [tokens,
+        heads, d], bit for bit ``apply_rotary``'s."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            raise ValueError(f"x must be a [tokens, heads, d] tensor, got {getattr(x, 'shape', type(x).__name__)}")
+        tokens, heads, d = x.shape
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            raise ValueError(f"x must be torch.float32 on the CPU, got {x.dtype} on {x.device}")
+        if d % 2 or x.stride(2) != 1 or x.stride(1) != d or (tokens > 1 and x.stride(0) < heads * d):
+            raise ValueError(
+                f"x must hold each token's heads contiguous, with an even d (shape {list(x.shape)}, "
+                f"strides {x.stride()})"
+            )
+        _check("cos", cos, (torch.float32,), (tokens, d))
+        _check("sin", sin, (torch.float32,), (tokens, d))
+        out = torch.empty(tokens, heads, d)
+        p = self.pointer
+        self.lib.rotary(p(x), x.stride(0), tokens, heads, d, p(cos), p(sin), p(out), torch.get_num_threads())
+        return out
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """SwiGLU's activation, silu(gate) * up, of fp32 ``gate_up`` [rows, 2 n] (each row's gate, then
+        its up) → [rows, n]: the fused decode step's arithmetic, within fp32 rounding of torch's."""
+        _check("gate_up", gate_up, (torch.float32,), (None, None))
+        rows, n = gate_up.shape[0], gate_up.shape[1] // 2
+        if gate_up.shape[1] % 2:
+            raise ValueError(f"gate_up must have an even number of columns, got {gate_up.shape[1]}")
+        act = torch.empty(rows, n)
+        p = self.pointer
+        self.lib.silu_mul(p(gate_up), rows, n, p(act), torch.get_num_threads())
+        return act
 
     def fused_decoder(self, layers: list[LayerWeights]) -> FusedDecoder:
         return FusedDecoder(self, layers)

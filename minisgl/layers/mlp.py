@@ -35,12 +35,21 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor, coarse: torch.Tensor | None = None) -> torch.Tensor:
         """``coarse``: [rows] bool or None, as ``Linear.forward`` takes it."""
         if len(x) <= MLP_BAND_ROWS:
-            return self.down_proj(self.act_and_mul(self.gate_up_proj(x, coarse)), coarse)
+            return self.down_proj(self._act_and_mul(self.gate_up_proj(x, coarse)), coarse)
         # A long prefill pass a band of rows at a time: its intermediate activations (3 x intermediate
         # per row) would otherwise be the engine's largest temporaries.
         out = x.new_empty(len(x), self.down_proj.shape[0])
         for start in range(0, len(x), MLP_BAND_ROWS):
             band = x[start : start + MLP_BAND_ROWS]
             marks = None if coarse is None else coarse[start : start + len(band)]
-            out[start : start + len(band)] = self.down_proj(self.act_and_mul(self.gate_up_proj(band, marks)), marks)
+            out[start : start + len(band)] = self.down_proj(self._act_and_mul(self.gate_up_proj(band, marks)), marks)
         return out
+
+    def _act_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """Quantized weights with the C kernels take their SwiGLU from the kernels too (the fused decode
+        step's, ``activation.c``); dense weights keep torch's, which matches transformers' bits."""
+        quantized = self.gate_up_proj.quantized
+        kernels = None if quantized is None else quantized.kernels
+        if kernels is not None and self.activation == "silu" and gate_up.dtype == torch.float32 and gate_up.is_cpu:
+            return kernels.silu_and_mul(gate_up)
+        return self.act_and_mul(gate_up)

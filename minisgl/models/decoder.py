@@ -55,6 +55,8 @@ def local_heads(cfg: ModelConfig, tp: TPGroup | None) -> HeadShard:
 
 
 class Attention(nn.Module):
+    kernels: CpuKernels | None = None  # the engine's, for RoPE (``DecoderForCausalLM.use_kernels``); None: torch's
+
     def __init__(self, cfg: ModelConfig, layer_id: int, style: DecoderStyle, tp: TPGroup | None) -> None:
         super().__init__()
         self.layer_id = layer_id
@@ -82,12 +84,12 @@ class Attention(nn.Module):
         tokens, (q_size, kv_size, _) = qkv.shape[0], self.split_sizes
         if self.q_norm is None or self.k_norm is None:
             # Q and K lie side by side in the fused projection: one rotation for both heads.
-            qk = apply_rotary(qkv[:, : q_size + kv_size].view(tokens, -1, self.head_dim), rope)
+            qk = apply_rotary(qkv[:, : q_size + kv_size].view(tokens, -1, self.head_dim), rope, self.kernels)
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         else:
             q = self.q_norm(qkv[:, :q_size].view(tokens, self.num_heads, self.head_dim))
             k = self.k_norm(qkv[:, q_size : q_size + kv_size].view(tokens, self.num_kv_heads, self.head_dim))
-            q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+            q, k = apply_rotary(q, rope, self.kernels), apply_rotary(k, rope, self.kernels)
         if self.q_scale is not None:
             q = q * self.q_scale
         v = qkv[:, q_size + kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
@@ -250,10 +252,10 @@ class DecoderForCausalLM(nn.Module):
 
     def use_kernels(self, kernels: CpuKernels | None) -> None:
         """Run the C kernels ``kernels`` (None: torch's) wherever this model has a choice: its norms,
-        its quantized weights and its fused decode step. Called once by the loader, before any pass."""
+        its quantized weights, its RoPE and its fused decode step. Called once by the loader, before any pass."""
         self.kernels = kernels
         for module in self.modules():
-            if isinstance(module, (RMSNorm, QuantizedWeight)):
+            if isinstance(module, (RMSNorm, QuantizedWeight, Attention)):
                 module.kernels = kernels
 
     @cached_property

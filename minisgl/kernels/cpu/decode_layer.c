@@ -12,28 +12,11 @@
 #include <string.h>
 
 #include "kernels.h"
-#include "simd.h"
-
-// act [rows, n] = silu(gate) * up, where gate_up [rows, 2n] holds each row's gate and then its up.
-static void silu_mul(const float *gate_up, int64_t rows, int64_t n, float *act) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *gate = gate_up + r * 2 * n, *up = gate + n;
-        float *to = act + r * n;
-        int64_t i = 0;
-#if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
-        for (; i + WIDTH <= n; i += WIDTH) {
-            const VecF g = vec_load(gate + i);
-            const VecF silu = vec_div(g, vec_add(vec_set1(1.0f), vec_exp(vec_sub(vec_zero(), g))));
-            vec_store(to + i, vec_mul(silu, vec_load(up + i)));
-        }
-#endif
-        for (; i < n; i++) to[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
-    }
-}
 
 // y [rows, N] = x [rows, K] W^T through the weight's own kernel.
 static int project(const Projection *w, const Step *s, const float *x, int64_t K, int64_t N, float *y) {
-    if (w->bits == 4) return int4_gemm(x, NULL, s->batch, K, w->int4.codes, w->int4.scale, w->int4.minimum, N, y, s->threads);
+    if (w->bits == 4)
+        return int4_gemm(x, NULL, s->batch, K, w->int4.codes, w->int4.scale, w->int4.minimum, N, y, s->threads);
     if (w->bits == 8) return int8_gemm(x, NULL, s->batch, K, w->int8.codes, w->int8.scale, N, y, s->threads);
     return KERNELS_BAD_SHAPE;
 }
@@ -74,7 +57,7 @@ static int decode_layer(const Layer *l, const Step *s, const float *delta, int f
             rms_norm(row, 0, 0, l->q_norm, l->heads, d, l->eps, row, 1);
             rms_norm(row + q_width, 0, 0, l->k_norm, l->kv_heads, d, l->eps, row + q_width, 1);
         }
-    rotary(qkv, qkv_width, b, qk_heads, d, s->cos, s->sin, qk);
+    rotary(qkv, qkv_width, b, qk_heads, d, s->cos, s->sin, qk, s->threads);
     for (int64_t r = 0; r < b; r++) {  // attention takes Q, K and V contiguous per request
         memcpy(q + r * q_width, qk + r * qk_heads * d, sizeof(float) * (size_t)q_width);
         memcpy(k + r * kv_width, qk + r * qk_heads * d + q_width, sizeof(float) * (size_t)kv_width);
@@ -89,7 +72,7 @@ static int decode_layer(const Layer *l, const Step *s, const float *delta, int f
     rms_norm(residual, o, residual, l->post_norm, b, l->hidden, l->eps, h, s->threads);
     failed = project(&l->gate_up, s, h, l->hidden, 2 * l->intermediate, gate_up);
     if (failed) return failed;
-    silu_mul(gate_up, b, l->intermediate, act);
+    silu_mul(gate_up, b, l->intermediate, act, s->threads);
     return project(&l->down, s, act, l->intermediate, l->hidden, out);
 }
 

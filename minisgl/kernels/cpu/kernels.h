@@ -111,7 +111,8 @@ int prefill_attention_ref(const float *q, int64_t tokens, int64_t heads, int64_t
 void rms_norm(const float *x, const float *delta, float *sum_out, const float *weight, int64_t rows, int64_t n,
               float eps, float *out, int threads);
 void rotary(const float *x, int64_t stride, int64_t tokens, int64_t heads, int64_t d, const float *cos,
-            const float *sin, float *out);
+            const float *sin, float *out, int threads);
+void silu_mul(const float *gate_up, int64_t rows, int64_t n, float *act, int threads);
 
 int64_t decode_layer_scratch(int64_t batch, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
                              int64_t intermediate);

@@ -16,10 +16,10 @@
 // below the group's largest value; or, for the rows the caller marks `coarse`, to the high digit alone
 // (llama.cpp's Q8 activations: low = 0), which takes half the dot products. (A build that rounded every
 // row to one digit lost about half of the greedy agreement with fp32 in benchmarks.quality: the engine
-// marks only the rows whose outputs are not sampled.) A register tile
-// computes one vector of output rows against up to GEMM_ROWS rows of x: a group's eight 4-column dot
-// products per digit sum in int32 per lane (vpdpbusd, unsigned by signed: int8 codes go in offset by
-// 128, taken back out with the digits' sum) before the one conversion that applies the group's step.
+// marks only the rows whose outputs are not sampled.) A register tile computes one vector of output
+// rows against up to GEMM_ROWS rows of x: a group's eight 4-column dot products per digit sum in int32
+// per lane (vpdpbusd, unsigned by signed: int8 codes go in offset by 128, taken back out with the
+// digits' sum) before the one conversion that applies the group's step.
 // With AVX2 alone: int4 codes by the digits in int16 pairs (vpmaddubsw), a group's summed in int16
 // (at most 16 x 15 x 127), widened once per digit (vpmaddwd); int8 codes widened to int16 and
 // multiplied by both digits at once as one int16, 256 high + low (vpmaddwd).
@@ -27,8 +27,8 @@
 // Arithmetic, the same in the references and in every SIMD body, bit for bit, and for a row of x the
 // same whatever other rows it comes with (a request computes the same alone as in a batch): per row of
 // x and group g, v = x * (127 / max |x|), high = round(v), low = round(256 (v - high)) (both int8;
-// low = 0 for a coarse row), q = 256 high + low, step = max |x| / 127 / 256, sum = step * (sum of q); then per output o, over the
-// groups in order,
+// low = 0 for a coarse row), q = 256 high + low, step = max |x| / 127 / 256, sum = step * (sum of q); then
+// per output o, over the groups in order,
 // - int4: acc = fma(dot(q, code), scale * step, acc); acc = fma(minimum, sum, acc); y = acc,
 // - int8: acc = fma(dot(q, code), step, acc); y = acc * scale,
 // the dequantized weight times the rounded x.
@@ -72,7 +72,8 @@ static void round_row_plain(const float *x, int64_t K, int coarse, int8_t *q, in
         const float s = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
         int32_t total = 0;  // of the digits, 256 high + low
         for (int64_t i = 0; i < GROUP; i++) {
-            const float v = xg[i] * inverse, high = nearbyintf(v), low = coarse ? 0.0f : nearbyintf((v - high) * 256.0f);
+            const float v = xg[i] * inverse, high = nearbyintf(v);
+            const float low = coarse ? 0.0f : nearbyintf((v - high) * 256.0f);
             const int8_t h = (int8_t)(high > 127.0f ? 127.0f : high < -127.0f ? -127.0f : high);
             const int8_t l = (int8_t)(low > 127.0f ? 127.0f : low < -127.0f ? -127.0f : low);
             q[g * GROUP + i] = h;
@@ -97,7 +98,8 @@ typedef struct {
 static int round_rows(RoundRow round_row, const float *x, const uint8_t *coarse, int64_t rows, int64_t K,
                       Scratch *scratch, RoundedX *out, int threads) {
     const int64_t groups = K / GROUP;
-    const size_t code_bytes = round64((size_t)(rows * K)), step_bytes = round64(sizeof(float) * (size_t)(rows * groups));
+    const size_t code_bytes = round64((size_t)(rows * K));
+    const size_t step_bytes = round64(sizeof(float) * (size_t)(rows * groups));
     char *buffer = scratch_reserve(scratch, 2 * code_bytes + 3 * step_bytes);
     if (buffer == NULL) return KERNELS_NO_MEMORY;
     out->codes = (int8_t *)buffer;
@@ -108,8 +110,8 @@ static int round_rows(RoundRow round_row, const float *x, const uint8_t *coarse,
     out->wide = NULL;
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++)
-        round_row(x + r * K, K, coarse != NULL && coarse[r], out->codes + r * K, out->low + r * K, out->step + r * groups,
-                  out->total + r * groups, out->sum + r * groups);
+        round_row(x + r * K, K, coarse != NULL && coarse[r], out->codes + r * K, out->low + r * K,
+                  out->step + r * groups, out->total + r * groups, out->sum + r * groups);
     return KERNELS_OK;
 }
 
@@ -333,7 +335,8 @@ static int widen_rows(RoundedX *x, int64_t rows, int64_t K, Scratch *scratch, in
 // 8 x 2 x 15 x 127), then widened, times `weight` (256 for the high digit, 1 for the low).
 static inline __m256i int4_digit_dot(const __m256i *quads, const int8_t *q, __m256i weight) {
     __m256i pairs = _mm256_maddubs_epi16(quads[0], _mm256_set1_epi32(quad_of(q)));
-    for (int i = 1; i < 8; i++) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(quads[i], _mm256_set1_epi32(quad_of(q + 4 * i))));
+    for (int i = 1; i < 8; i++)
+        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(quads[i], _mm256_set1_epi32(quad_of(q + 4 * i))));
     return _mm256_madd_epi16(pairs, weight);
 }
 #endif
@@ -358,7 +361,8 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
     }
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *codes = w->codes + g * group_bytes;
-        for (int64_t line = 0; line < group_bytes; line += 64) _mm_prefetch((const char *)(codes + PREFETCH + line), _MM_HINT_T0);
+        for (int64_t line = 0; line < group_bytes; line += 64)
+            _mm_prefetch((const char *)(codes + PREFETCH + line), _MM_HINT_T0);
         if (BITS == 4) {  // the scales' and minimums' streams, as many groups ahead
             _mm_prefetch((const char *)(w->scale + (g + PREFETCH / group_bytes) * TILE), _MM_HINT_T0);
             _mm_prefetch((const char *)(w->minimum + (g + PREFETCH / group_bytes) * TILE), _MM_HINT_T0);
@@ -479,7 +483,8 @@ static int gemm(int bits, const float *x, const uint8_t *coarse, int64_t rows, i
     static _Thread_local Scratch wide_scratch;
     if (bits == 8 && widen_rows(&xr, rows, K, &wide_scratch, threads)) return KERNELS_NO_MEMORY;
 #endif
-    const TileFn *precise = bits == 4 ? gemm_tiles_4_2 : gemm_tiles_8_2, *one_digit = bits == 4 ? gemm_tiles_4_1 : gemm_tiles_8_1;
+    const TileFn *precise = bits == 4 ? gemm_tiles_4_2 : gemm_tiles_8_2;
+    const TileFn *one_digit = bits == 4 ? gemm_tiles_4_1 : gemm_tiles_8_1;
     const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE;
     // One register tile of rows reads each code once: no span of groups, so a tile's codes are one stream.
     const int64_t span = rows > GEMM_ROWS ? SPAN : groups;

@@ -100,7 +100,8 @@ static inline __m256i round_to_bf16_512(__m512 v) {
 static inline __m128i round_to_bf16_256(__m256 v) {
     const __m256i bits = _mm256_castps_si256(v);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+    const __m256i bias = _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, bias), 16);
     // Each 128-bit half packs its four values twice; quadwords 0 and 2 are the eight in order.
     const __m256i packed = _mm256_packus_epi32(rounded, rounded);
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));

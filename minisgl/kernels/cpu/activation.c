@@ -1,0 +1,29 @@
+// SwiGLU's activation of fp32 rows for the quantized layers, in the fused decode step and in the
+// layer-by-layer passes alike (CpuKernels.silu_and_mul): one pass where torch's makes a temporary.
+// Its exponential (simd.h's vec_exp) is not torch's to the last bit, so dense fp32 layers keep
+// torch's, whose outputs match transformers' token for token.
+//
+// act [rows, n] = silu(gate) * up, where gate_up [rows, 2n] holds each row's gate and then its up.
+
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels.h"
+#include "simd.h"
+
+void silu_mul(const float *gate_up, int64_t rows, int64_t n, float *act, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 16)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gate = gate_up + r * 2 * n, *up = gate + n;
+        float *to = act + r * n;
+        int64_t i = 0;
+#if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
+        for (; i + WIDTH <= n; i += WIDTH) {
+            const VecF g = vec_load(gate + i);
+            const VecF silu = vec_div(g, vec_add(vec_set1(1.0f), vec_exp(vec_sub(vec_zero(), g))));
+            vec_store(to + i, vec_mul(silu, vec_load(up + i)));
+        }
+#endif
+        for (; i < n; i++) to[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    }
+}
