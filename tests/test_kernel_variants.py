@@ -191,7 +191,8 @@ def softmax_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor)
 
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
-    "heads, kv_heads, d", [(4, 4, 16), (6, 2, 32), (16, 1, 64), (9, 3, 64), (10, 2, 80), (32, 4, 128)]
+    "heads, kv_heads, d",
+    [(4, 4, 16), (6, 2, 32), (16, 1, 64), (9, 3, 64), (10, 2, 80), (32, 4, 128), (32, 32, 64), (16, 8, 128)],
 )
 def test_paged_attention_against_the_reference_and_torch(
     kernels: CpuKernels, pool_dtype: torch.dtype, heads: int, kv_heads: int, d: int
@@ -220,6 +221,27 @@ def test_paged_attention_against_the_reference_and_torch(
         assert relative_error(simd[b], softmax_attention(q[b], keys.float(), values.float())) < REFERENCE_TOLERANCE
 
 
+@pytest.mark.parametrize("heads, kv_heads, d", [(32, 32, 64), (16, 8, 128), (9, 3, 64), (4, 4, 64)])
+def test_paged_attention_of_a_request_is_the_same_alone_as_in_a_batch(
+    kernels: CpuKernels, heads: int, kv_heads: int, d: int
+) -> None:
+    """Bit for bit, however the batch's (KV heads, request) tasks are split: the greedy tokens of a
+    request must not depend on who else is decoding."""
+    g = torch.Generator().manual_seed(d)
+    slots, lens = 4096, [2000, 3, 129, 700]
+    k_pool, v_pool = (torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2))
+    kv_slots = torch.stack([torch.randperm(slots - 8, generator=g)[:2000] for _ in lens])
+    out_slots = torch.arange(slots - len(lens), slots)
+    kv_slots[torch.arange(len(lens)), torch.tensor(lens) - 1] = out_slots
+    q = torch.randn(len(lens), heads, d, generator=g)
+    k, v = (torch.randn(len(lens), kv_heads, d, generator=g) for _ in range(2))
+    batch = kernels.paged_decode_attention(q, k, v, out_slots, k_pool, v_pool, kv_slots, torch.tensor(lens))
+    for b, n in enumerate(lens):
+        rows = slice(b, b + 1)
+        args = (q[rows], k[rows], v[rows], out_slots[rows], k_pool, v_pool, kv_slots[rows], torch.tensor([n]))
+        assert torch.equal(kernels.paged_decode_attention(*args), batch[rows])
+
+
 def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix: int) -> torch.Tensor:
     """A request's queries [n, heads, d] over its keys/values [prefix + n, kv_heads, d], token t seeing
     the first prefix + t + 1 → [n, heads * d], in fp64."""
@@ -233,7 +255,8 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 
 
 @pytest.mark.parametrize(
-    "heads, kv_heads, d", [(4, 4, 16), (6, 2, 32), (16, 1, 64), (9, 3, 64), (10, 2, 80), (32, 4, 128)]
+    "heads, kv_heads, d",
+    [(4, 4, 16), (6, 2, 32), (16, 1, 64), (9, 3, 64), (10, 2, 80), (32, 4, 128), (32, 32, 64), (16, 8, 128)],
 )
 def test_prefill_attention_against_the_reference_and_torch(
     kernels: CpuKernels, heads: int, kv_heads: int, d: int

@@ -4,15 +4,17 @@
 //
 // The torch path gathers every request's K and V into a padded copy per layer, then runs SDPA: at
 // one request the gather, the views and the call cost ~60 us a layer, several times the
-// arithmetic. Here each (request, KV head) reads its keys and values where they lie, for all the
-// query heads that share them (GQA), with a numerically safe two-pass softmax. The SIMD body dots up
-// to QUERIES query heads with KEYS keys at once, loading each key vector once for them all (with 3 query
-// heads per KV head, as at 135M, the loads were most of the work), exponentiates the scores a vector at
-// a time, and reads each row of values once per pass (CHUNKS vectors of it), again once for up to
-// QUERIES heads: with many requests the step is bound by reading the pool, a row of which is
-// kv_heads x d values (4 KB at 32 heads of 64, bf16).
+// arithmetic. Here each request reads its keys and values where they lie, for all the query heads
+// that share them (GQA), with a numerically safe two-pass softmax. The SIMD body dots up to QUERIES
+// query heads with KEYS keys at once, loading each key vector once for them all (with 3 query heads
+// per KV head, as at 135M, the loads were most of the work), exponentiates the scores a vector at a
+// time, and sums the values for up to QUERIES query heads a pass, each value vector loaded once for
+// them. Decode is bound by reading the pool, a row of which is kv_heads x d values (4 KB at 32 heads
+// of 64, bf16): where rows are that long, a task reads whole rows of a chunk of keys, and the chunks'
+// partial sums are merged after (split_of).
 //
-// Threads: (KV head, request) pairs are split over `threads` OpenMP threads, KV head outer.
+// Threads: the tasks (a request's KV heads, or a chunk of its keys) are split over `threads` OpenMP
+// threads, the requests inner.
 
 #include <math.h>
 #include <stdint.h>
@@ -129,12 +131,12 @@ static inline void prefetch_kv(const void *pool, int64_t at, int64_t d, int bf16
 #define KEYS 4    // keys dotted at once: independent chains of fmas, reduced together by sum4
 #define CHUNKS 4  // vectors of a row of values summed at once (independent chains)
 
-// The scaled dots of `nq` query heads (d apart from q) with the KEYS keys at pool[rows[u] ..], into
+// The scaled dots of `nq` query heads (d apart from q) with the KEYS keys at pool[rows[u] + offset ..], into
 // out[a * out_stride + u]. Each key vector is loaded (and widened) once for all nq heads. Called with a
 // literal nq (dot_keys_of), so that the loops over heads unroll into registers.
 static inline __attribute__((always_inline)) void dot_keys(const int nq, const float *q, const void *pool,
-                                                           const int64_t *rows, int64_t d, int bf16, float scale,
-                                                           float *out, int64_t out_stride) {
+                                                           const int64_t *rows, int64_t offset, int64_t d, int bf16,
+                                                           float scale, float *out, int64_t out_stride) {
     VecF acc[QUERIES][KEYS];
     for (int a = 0; a < nq; a++)
         for (int u = 0; u < KEYS; u++) acc[a][u] = vec_zero();
@@ -142,7 +144,7 @@ static inline __attribute__((always_inline)) void dot_keys(const int nq, const f
         VecF x[QUERIES];
         for (int a = 0; a < nq; a++) x[a] = vec_load(q + a * d + i);
         for (int u = 0; u < KEYS; u++) {
-            const VecF key = load_kv(pool, rows[u] + i, bf16);
+            const VecF key = load_kv(pool, rows[u] + offset + i, bf16);
             for (int a = 0; a < nq; a++) acc[a][u] = vec_fmadd(x[a], key, acc[a][u]);
         }
     }
@@ -151,11 +153,11 @@ static inline __attribute__((always_inline)) void dot_keys(const int nq, const f
                       _mm_mul_ps(sum4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]), _mm_set1_ps(scale)));
 }
 
-typedef void (*DotKeys)(const float *, const void *, const int64_t *, int64_t, int, float, float *, int64_t);
+typedef void (*DotKeys)(const float *, const void *, const int64_t *, int64_t, int64_t, int, float, float *, int64_t);
 #define DOT_KEYS(NQ)                                                                                                 \
-    static void dot_keys_##NQ(const float *q, const void *pool, const int64_t *rows, int64_t d, int bf16,           \
-                              float scale, float *out, int64_t out_stride) {                                        \
-        dot_keys(NQ, q, pool, rows, d, bf16, scale, out, out_stride);                                              \
+    static void dot_keys_##NQ(const float *q, const void *pool, const int64_t *rows, int64_t offset, int64_t d,     \
+                              int bf16, float scale, float *out, int64_t out_stride) {                              \
+        dot_keys(NQ, q, pool, rows, offset, d, bf16, scale, out, out_stride);                                      \
     }
 DOT_KEYS(1)
 DOT_KEYS(2)
@@ -167,67 +169,120 @@ static const DotKeys dot_keys_of[QUERIES + 1] = {NULL, dot_keys_1, dot_keys_2, d
 static const DotKeys dot_keys_of[QUERIES + 1] = {NULL, dot_keys_1, dot_keys_2};
 #endif
 
-// out[a * d + c * WIDTH ..] = sum over j < n of weights[a * weight_stride + j] pool[rows[j] + at + c * WIDTH ..],
-// divided by totals[a], for `nq` query heads and `chunks` vectors: each value vector is loaded once for
-// all nq heads. With fewer than 8 chains (nq x chunks), even and odd keys sum apart, which keeps 8 fmas
-// in flight. Called with literal nq and chunks (sum_values_of).
-static inline __attribute__((always_inline)) void sum_values(const int nq, const int chunks, const float *weights,
-                                                             int64_t weight_stride, const float *totals,
-                                                             const void *pool, const int64_t *rows, int64_t at,
-                                                             int64_t n, int bf16, int64_t d, float *out) {
-    const int pairs = nq * chunks < 8;
-    VecF even[QUERIES][CHUNKS], odd[QUERIES][CHUNKS];
-    for (int a = 0; a < nq; a++)
-        for (int c = 0; c < chunks; c++) even[a][c] = odd[a][c] = vec_zero();
+// For `hv` consecutive KV heads h from the one at `head` of each row, and `nq` of each one's query heads a
+// (query head h * group + a of the weights and out): out[(h * group + a) * d + at + c * WIDTH ..] = sum
+// over j < n of weights[(h * group + a) * keys + j] pool[rows[j] + head + h * d + at + c * WIDTH ..], for
+// `chunks` vectors. Key by key, each value vector is loaded once for all nq heads. With fewer than 8
+// chains (hv x nq x chunks), even and odd keys sum apart, which keeps 8 fmas in flight. Called with
+// literal hv, nq and chunks (sum_values_of).
+static inline __attribute__((always_inline)) void sum_values(const int hv, const int nq, const int chunks,
+                                                             const float *weights, int64_t keys, int64_t group,
+                                                             const void *pool, const int64_t *rows, int64_t head,
+                                                             int64_t at, int64_t n, int bf16, int64_t d, float *out) {
+    const int pairs = hv * nq * chunks < 8;
+    VecF even[QUERIES][CHUNKS], odd[QUERIES][CHUNKS];  // [h * nq + a][c]: hv x nq <= QUERIES
+    for (int r = 0; r < hv * nq; r++)
+        for (int c = 0; c < chunks; c++) even[r][c] = odd[r][c] = vec_zero();
     int64_t j = 0;
     for (; j + pairs < n; j += 1 + pairs) {
-        if (j + AHEAD < n) prefetch_kv(pool, rows[j + AHEAD] + at, chunks * WIDTH, bf16);
-        for (int c = 0; c < chunks; c++) {
-            const VecF value = load_kv(pool, rows[j] + at + c * WIDTH, bf16);
-            for (int a = 0; a < nq; a++)
-                even[a][c] = vec_fmadd(vec_set1(weights[a * weight_stride + j]), value, even[a][c]);
-        }
+        if (j + AHEAD < n) prefetch_kv(pool, rows[j + AHEAD] + head + at, (hv - 1) * d + chunks * WIDTH, bf16);
+        for (int h = 0; h < hv; h++)
+            for (int c = 0; c < chunks; c++) {
+                const VecF value = load_kv(pool, rows[j] + head + h * d + at + c * WIDTH, bf16);
+                for (int a = 0; a < nq; a++)
+                    even[h * nq + a][c] =
+                        vec_fmadd(vec_set1(weights[(h * group + a) * keys + j]), value, even[h * nq + a][c]);
+            }
         if (!pairs) continue;
-        if (j + 1 + AHEAD < n) prefetch_kv(pool, rows[j + 1 + AHEAD] + at, chunks * WIDTH, bf16);
-        for (int c = 0; c < chunks; c++) {
-            const VecF value = load_kv(pool, rows[j + 1] + at + c * WIDTH, bf16);
-            for (int a = 0; a < nq; a++)
-                odd[a][c] = vec_fmadd(vec_set1(weights[a * weight_stride + j + 1]), value, odd[a][c]);
-        }
+        if (j + 1 + AHEAD < n)
+            prefetch_kv(pool, rows[j + 1 + AHEAD] + head + at, (hv - 1) * d + chunks * WIDTH, bf16);
+        for (int h = 0; h < hv; h++)
+            for (int c = 0; c < chunks; c++) {
+                const VecF value = load_kv(pool, rows[j + 1] + head + h * d + at + c * WIDTH, bf16);
+                for (int a = 0; a < nq; a++)
+                    odd[h * nq + a][c] =
+                        vec_fmadd(vec_set1(weights[(h * group + a) * keys + j + 1]), value, odd[h * nq + a][c]);
+            }
     }
     for (; j < n; j++)
-        for (int c = 0; c < chunks; c++) {
-            const VecF value = load_kv(pool, rows[j] + at + c * WIDTH, bf16);
-            for (int a = 0; a < nq; a++)
-                even[a][c] = vec_fmadd(vec_set1(weights[a * weight_stride + j]), value, even[a][c]);
-        }
-    for (int a = 0; a < nq; a++) {
-        const VecF divisor = vec_set1(totals[a] > 0.0f ? totals[a] : 1.0f);
-        for (int c = 0; c < chunks; c++)
-            vec_store(out + a * d + c * WIDTH, vec_div(vec_add(even[a][c], odd[a][c]), divisor));
-    }
+        for (int h = 0; h < hv; h++)
+            for (int c = 0; c < chunks; c++) {
+                const VecF value = load_kv(pool, rows[j] + head + h * d + at + c * WIDTH, bf16);
+                for (int a = 0; a < nq; a++)
+                    even[h * nq + a][c] =
+                        vec_fmadd(vec_set1(weights[(h * group + a) * keys + j]), value, even[h * nq + a][c]);
+            }
+    for (int h = 0; h < hv; h++)
+        for (int a = 0; a < nq; a++)
+            for (int c = 0; c < chunks; c++)
+                vec_store(out + (h * group + a) * d + at + c * WIDTH,
+                          vec_add(even[h * nq + a][c], odd[h * nq + a][c]));
 }
 
-typedef void (*SumValues)(const float *, int64_t, const float *, const void *, const int64_t *, int64_t, int64_t, int,
-                          int64_t, float *);
-#define SUM_VALUES(NQ, C)                                                                                           \
-    static void sum_values_##NQ##_##C(const float *weights, int64_t weight_stride, const float *totals,              \
-                                      const void *pool, const int64_t *rows, int64_t at, int64_t n, int bf16,        \
-                                      int64_t d, float *out) {                                                      \
-        sum_values(NQ, C, weights, weight_stride, totals, pool, rows, at, n, bf16, d, out);                         \
+typedef void (*SumValues)(const float *, int64_t, int64_t, const void *, const int64_t *, int64_t, int64_t, int64_t,
+                          int, int64_t, float *);
+#define SUM_VALUES(HV, NQ, C)                                                                                       \
+    static void sum_values_##HV##_##NQ##_##C(const float *weights, int64_t keys, int64_t group, const void *pool,    \
+                                             const int64_t *rows, int64_t head, int64_t at, int64_t n, int bf16,     \
+                                             int64_t d, float *out) {                                               \
+        sum_values(HV, NQ, C, weights, keys, group, pool, rows, head, at, n, bf16, d, out);                          \
     }
-#define SUM_VALUES_ROW(NQ) SUM_VALUES(NQ, 1) SUM_VALUES(NQ, 2) SUM_VALUES(NQ, 3) SUM_VALUES(NQ, 4)
-#define SUM_VALUES_OF(NQ) {NULL, sum_values_##NQ##_1, sum_values_##NQ##_2, sum_values_##NQ##_3, sum_values_##NQ##_4}
-SUM_VALUES_ROW(1)
-SUM_VALUES_ROW(2)
+#define SUM_VALUES_ROW(HV, NQ) SUM_VALUES(HV, NQ, 1) SUM_VALUES(HV, NQ, 2) SUM_VALUES(HV, NQ, 3) SUM_VALUES(HV, NQ, 4)
+#define SUM_VALUES_OF(HV, NQ)                                                                                       \
+    {NULL, sum_values_##HV##_##NQ##_1, sum_values_##HV##_##NQ##_2, sum_values_##HV##_##NQ##_3,                      \
+     sum_values_##HV##_##NQ##_4}
+// [hv][nq][chunks], hv x nq <= QUERIES
+SUM_VALUES_ROW(1, 1)
+SUM_VALUES_ROW(1, 2)
+SUM_VALUES_ROW(2, 1)
 #if QUERIES == 4
-SUM_VALUES_ROW(3)
-SUM_VALUES_ROW(4)
-static const SumValues sum_values_of[QUERIES + 1][CHUNKS + 1] = {
-    {NULL}, SUM_VALUES_OF(1), SUM_VALUES_OF(2), SUM_VALUES_OF(3), SUM_VALUES_OF(4)};
+SUM_VALUES_ROW(1, 3)
+SUM_VALUES_ROW(1, 4)
+SUM_VALUES_ROW(2, 2)
+SUM_VALUES_ROW(4, 1)
+static const SumValues sum_values_of[QUERIES + 1][QUERIES + 1][CHUNKS + 1] = {
+    {{NULL}},
+    {{NULL}, SUM_VALUES_OF(1, 1), SUM_VALUES_OF(1, 2), SUM_VALUES_OF(1, 3), SUM_VALUES_OF(1, 4)},
+    {{NULL}, SUM_VALUES_OF(2, 1), SUM_VALUES_OF(2, 2)},
+    {{NULL}},
+    {{NULL}, SUM_VALUES_OF(4, 1)}};
 #else
-static const SumValues sum_values_of[QUERIES + 1][CHUNKS + 1] = {{NULL}, SUM_VALUES_OF(1), SUM_VALUES_OF(2)};
+static const SumValues sum_values_of[QUERIES + 1][QUERIES + 1][CHUNKS + 1] = {
+    {{NULL}}, {{NULL}, SUM_VALUES_OF(1, 1), SUM_VALUES_OF(1, 2)}, {{NULL}, SUM_VALUES_OF(2, 1)}};
 #endif
+
+// KV heads summed in one pass over values: as many as the registers hold beside each one's whole group
+// of query heads (hv x group <= QUERIES: 4 heads of one query each, 2 of two, else 1).
+static int64_t heads_per_pass(int64_t kv_heads, int64_t group) {
+    int64_t hv = group == 1 ? QUERIES : group * 2 <= QUERIES ? QUERIES / 2 : 1;
+    while (kv_heads % hv) hv /= 2;
+    return hv;
+}
+
+// How one request's attention is cut into tasks: `heads` KV heads (from a multiple of it) and `keys`
+// keys (from a multiple of it) each. Where pool rows are short, a task takes the heads of one pass over
+// values and every key: a head's lines lie close to the next key's. From WHOLE_ROWS bytes a row (16
+// heads of 64 in bf16; 4 KB at SmolLM2-1.7B's 32) one head's d values lie a row apart, where no hardware
+// prefetcher follows them, so a task reads whole rows, of a chunk of CHUNK_BYTES of them, whose values
+// stay in L2 while each pass over heads reads them; a request's chunks are merged after. From the model
+// and the request alone, never the batch: a request's sums run in the same order alone as in a batch.
+#define WHOLE_ROWS 2048
+#define CHUNK_BYTES (256 * 1024)
+typedef struct {
+    int64_t heads, keys;
+} Split;
+
+static Split split_of(int64_t n, int64_t kv_heads, int64_t group, int64_t row_bytes) {
+    if (row_bytes < WHOLE_ROWS) {
+        const int64_t keys = (n + KEYS - 1) / KEYS * KEYS;
+        return (Split){heads_per_pass(kv_heads, group), keys > KEYS ? keys : KEYS};
+    }
+    const int64_t keys = CHUNK_BYTES / row_bytes / KEYS * KEYS;
+    return (Split){kv_heads, keys > KEYS ? keys : KEYS};
+}
+
+// A request's chunks of `keys`: one at least, so that one without keys still gets its (zero) output.
+static int64_t chunk_count(int64_t n, int64_t keys) { return n > keys ? (n + keys - 1) / keys : 1; }
 
 // e^(x - top) of a row of n scores, in place, and their sum.
 static float exponentiate(float *row, int64_t n, float top) {
@@ -277,53 +332,124 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
         store_kv(k_pool, out_slots[b] * row, k + b * row, row, kv_bf16);
         store_kv(v_pool, out_slots[b] * row, v + b * row, row, kv_bf16);
     }
-    int64_t longest = 1;
-    for (int64_t b = 0; b < batch; b++) longest = kv_lens[b] > longest ? kv_lens[b] : longest;
-    const int64_t padded = (longest + KEYS - 1) / KEYS * KEYS;
+    const int64_t row_bytes = row * (kv_bf16 ? 2 : 4), hv = heads_per_pass(kv_heads, group);
+    // Tasks: part p (chunk p / blocks, heads block p % blocks) of request b, part outer (requests that
+    // share a prefix read the same rows close together in time). Where a request has several chunks,
+    // each task leaves its query heads' unnormalised sums, largest score and total, merged after.
+    const int64_t per_task = split_of(0, kv_heads, group, row_bytes).heads, blocks = kv_heads / per_task;
+    const int whole_rows = row_bytes >= WHOLE_ROWS;
+    const int64_t rows_per_task = per_task * group;  // query heads
+    int64_t most = 0, tasks = 0, widest = KEYS;
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t keys = split_of(kv_lens[b], kv_heads, group, row_bytes).keys;
+        const int64_t parts = chunk_count(kv_lens[b], keys) * blocks;
+        most = parts > most ? parts : most;
+        widest = keys > widest ? keys : widest;
+        tasks += parts;
+    }
+    static _Thread_local Scratch shared;  // the calling thread's, for its next call
+    const size_t floats = (size_t)(tasks * rows_per_task * (d + 2));
+    const size_t indices = (size_t)(2 * tasks + batch * most + 1);
+    float *partial = scratch_reserve(&shared, sizeof(float) * floats + sizeof(int64_t) * indices);
+    if (partial == NULL) return KERNELS_NO_MEMORY;
+    float *tops = partial + tasks * rows_per_task * d, *totals = tops + tasks * rows_per_task;
+    int64_t *task_request = (int64_t *)(totals + tasks * rows_per_task), *task_part = task_request + tasks;
+    int64_t *task_at = task_part + tasks;  // [batch, most]: the task of part p of request b
+    for (int64_t p = 0, t = 0; p < most; p++)
+        for (int64_t b = 0; b < batch; b++) {
+            const int64_t keys = split_of(kv_lens[b], kv_heads, group, row_bytes).keys;
+            if (p < chunk_count(kv_lens[b], keys) * blocks) {
+                task_request[t] = b, task_part[t] = p, task_at[b * most + p] = t;
+                t++;
+            }
+        }
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        // Each thread's scores ([group, padded]) and key offsets ([padded]), kept for its next call.
+        // Each thread's scores ([query heads of a task, widest]) and row offsets ([widest]), kept for its
+        // next call.
         static _Thread_local Scratch scratch;
-        float *scores = scratch_reserve(&scratch, (sizeof(float) * (size_t)group + sizeof(int64_t)) * (size_t)padded);
+        float *scores =
+            scratch_reserve(&scratch, (sizeof(float) * (size_t)rows_per_task + sizeof(int64_t)) * (size_t)widest);
         if (scores == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
-        int64_t *rows = (int64_t *)(scores + group * padded);
+        int64_t *rows = (int64_t *)(scores + rows_per_task * widest);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < batch * kv_heads; task++) {
+        for (int64_t t = 0; t < tasks; t++) {
             if (scores == NULL) continue;
-            // KV head outer: requests that share a prefix read the same rows close together in time.
-            const int64_t h = task / batch, b = task % batch, n = kv_lens[b];
-            const int64_t keys = (n + KEYS - 1) / KEYS * KEYS;  // a last partial block dots key 0 again
-            const int64_t *slots = kv_slots + b * stride;
-            const float *qh = q + (b * heads + h * group) * d;
-            float *oh = out + (b * heads + h * group) * d;
-            for (int64_t j = 0; j < keys; j++) rows[j] = (slots[j < n ? j : 0] * kv_heads + h) * d;
+            const int64_t b = task_request[t], ck = split_of(kv_lens[b], kv_heads, group, row_bytes).keys;
+            const int64_t first = task_part[t] % blocks * per_task, start = task_part[t] / blocks * ck;
+            const int64_t n = kv_lens[b] - start < ck ? kv_lens[b] - start : ck;
+            const int64_t keys = (n + KEYS - 1) / KEYS * KEYS;  // a last partial block dots the chunk's key 0 again
+            const int64_t *slots = kv_slots + b * stride + start;
+            const float *qt = q + (b * heads + first * group) * d;
+            float *sums = partial + t * rows_per_task * d, *top = tops + t * rows_per_task;
+            float *total = totals + t * rows_per_task;
+            for (int64_t j = 0; j < keys; j++) rows[j] = slots[j < n ? j : 0] * row + first * d;
+            // Keys: the task's slice of each key's row, head after head; whole rows of values are asked for
+            // at the same time, for the passes over them that follow.
             for (int64_t j = 0; j < keys; j += KEYS) {
-                for (int64_t u = j + AHEAD; u < j + AHEAD + KEYS && u < n; u++)
-                    prefetch_kv(k_pool, rows[u], d, kv_bf16);
-                for (int64_t g = 0; g < group; g += QUERIES) {
-                    const int64_t nq = group - g < QUERIES ? group - g : QUERIES;
-                    dot_keys_of[nq](qh + g * d, k_pool, rows + j, d, kv_bf16, scale, scores + g * keys + j, keys);
+                for (int64_t u = j + AHEAD; u < j + AHEAD + KEYS && u < n; u++) {
+                    prefetch_kv(k_pool, rows[u], per_task * d, kv_bf16);
+                    if (whole_rows) prefetch_kv(v_pool, rows[u], row, kv_bf16);
+                }
+                for (int64_t h = 0; h < per_task; h++)
+                    for (int64_t g = 0; g < group; g += QUERIES) {
+                        const int64_t nq = group - g < QUERIES ? group - g : QUERIES, r = h * group + g;
+                        dot_keys_of[nq](qt + r * d, k_pool, rows + j, h * d, d, kv_bf16, scale, scores + r * ck + j,
+                                        ck);
+                    }
+            }
+            for (int64_t r = 0; r < rows_per_task; r++) {
+                top[r] = largest(scores + r * ck, n);
+                total[r] = exponentiate(scores + r * ck, n, top[r]);
+            }
+            // Values, hv heads and CHUNKS vectors of dimensions a pass.
+            for (int64_t h = 0; h < per_task; h += hv)
+                for (int64_t i = 0; i < d; i += CHUNKS * WIDTH) {
+                    const int64_t chunks = (d - i) / WIDTH < CHUNKS ? (d - i) / WIDTH : CHUNKS;
+                    for (int64_t g = 0; g < group; g += QUERIES) {
+                        const int64_t nq = group - g < QUERIES ? group - g : QUERIES, r = h * group + g;
+                        sum_values_of[hv][nq][chunks](scores + r * ck, ck, group, v_pool, rows, h * d, i, n, kv_bf16,
+                                                      d, sums + r * d);
+                    }
+                }
+            if (start == 0 && n == kv_lens[b]) {  // the request's only chunk: its sums over its totals
+                float *o = out + (b * heads + first * group) * d;
+                for (int64_t r = 0; r < rows_per_task; r++) {
+                    const VecF divisor = vec_set1(total[r] > 0.0f ? total[r] : 1.0f);
+                    for (int64_t i = 0; i < d; i += WIDTH)
+                        vec_store(o + r * d + i, vec_div(vec_load(sums + r * d + i), divisor));
                 }
             }
-            float total[MAX_GROUP];
-            for (int64_t g = 0; g < group; g++) {
-                float *row = scores + g * keys;
-                total[g] = exponentiate(row, n, largest(row, n));
+        }
+        // The chunks of each request that has several, merged in order: sums and totals rescaled to the
+        // largest score.
+#pragma omp for schedule(static)
+        for (int64_t br = 0; br < batch * heads; br++) {
+            const int64_t b = br / heads, r = br % heads;
+            const int64_t ck = split_of(kv_lens[b], kv_heads, group, row_bytes).keys;
+            const int64_t chunks = chunk_count(kv_lens[b], ck);
+            const int64_t block = r / rows_per_task, within = r % rows_per_task;
+            if (chunks < 2) continue;
+            float top = -INFINITY, total = 0.0f;
+            for (int64_t c = 0; c < chunks; c++) {
+                const float chunk_top = tops[task_at[b * most + c * blocks + block] * rows_per_task + within];
+                top = chunk_top > top ? chunk_top : top;
             }
-            // The weighted values, CHUNKS vectors of dimensions at a time: each row of values is read once
-            // per pass whatever d (4 KB apart, a row read in several passes would leave the cache between them).
-            for (int64_t i = 0; i < d; i += CHUNKS * WIDTH) {
-                const int64_t chunks = (d - i) / WIDTH < CHUNKS ? (d - i) / WIDTH : CHUNKS;
-                for (int64_t g = 0; g < group; g += QUERIES) {
-                    const int64_t nq = group - g < QUERIES ? group - g : QUERIES;
-                    sum_values_of[nq][chunks](scores + g * keys, keys, total + g, v_pool, rows, i, n, kv_bf16, d,
-                                              oh + g * d + i);
-                }
+            float *o = out + br * d;
+            for (int64_t i = 0; i < d; i += WIDTH) vec_store(o + i, vec_zero());
+            for (int64_t c = 0; c < chunks; c++) {
+                const int64_t at = task_at[b * most + c * blocks + block] * rows_per_task + within;
+                const float weight = expf(tops[at] - top);
+                total += weight * totals[at];
+                for (int64_t i = 0; i < d; i += WIDTH)
+                    vec_store(o + i, vec_fmadd(vec_set1(weight), vec_load(partial + at * d + i), vec_load(o + i)));
             }
+            const VecF divisor = vec_set1(total > 0.0f ? total : 1.0f);
+            for (int64_t i = 0; i < d; i += WIDTH) vec_store(o + i, vec_div(vec_load(o + i), divisor));
         }
     }
     return failed ? KERNELS_NO_MEMORY : KERNELS_OK;
