@@ -169,49 +169,46 @@ static const DotKeys dot_keys_of[QUERIES + 1] = {NULL, dot_keys_1, dot_keys_2, d
 static const DotKeys dot_keys_of[QUERIES + 1] = {NULL, dot_keys_1, dot_keys_2};
 #endif
 
+// sums[h * nq + a][c] += weights[(h * group + a) * keys + j] pool[rows[j] + head + h * d + at + c * WIDTH ..]
+// for key j, each value vector loaded once for the nq query heads (sum_values' step).
+static inline __attribute__((always_inline)) void add_key(const int hv, const int nq, const int chunks,
+                                                          VecF sums[QUERIES][CHUNKS], const float *weights,
+                                                          int64_t keys, int64_t group, const void *pool,
+                                                          const int64_t *rows, int64_t head, int64_t at, int64_t j,
+                                                          int bf16, int64_t d) {
+    for (int h = 0; h < hv; h++)
+        for (int c = 0; c < chunks; c++) {
+            const VecF value = load_kv(pool, rows[j] + head + h * d + at + c * WIDTH, bf16);
+            for (int a = 0; a < nq; a++) {
+                const VecF weight = vec_set1(weights[(h * group + a) * keys + j]);
+                sums[h * nq + a][c] = vec_fmadd(weight, value, sums[h * nq + a][c]);
+            }
+        }
+}
+
 // For `hv` consecutive KV heads h from the one at `head` of each row, and `nq` of each one's query heads a
 // (query head h * group + a of the weights and out): out[(h * group + a) * d + at + c * WIDTH ..] = sum
 // over j < n of weights[(h * group + a) * keys + j] pool[rows[j] + head + h * d + at + c * WIDTH ..], for
-// `chunks` vectors. Key by key, each value vector is loaded once for all nq heads. With fewer than 8
-// chains (hv x nq x chunks), even and odd keys sum apart, which keeps 8 fmas in flight. Called with
-// literal hv, nq and chunks (sum_values_of).
+// `chunks` vectors, key by key. With fewer than 8 chains (hv x nq x chunks), even and odd keys sum apart,
+// which keeps 8 fmas in flight. Called with literal hv, nq and chunks (sum_values_of).
 static inline __attribute__((always_inline)) void sum_values(const int hv, const int nq, const int chunks,
                                                              const float *weights, int64_t keys, int64_t group,
                                                              const void *pool, const int64_t *rows, int64_t head,
                                                              int64_t at, int64_t n, int bf16, int64_t d, float *out) {
     const int pairs = hv * nq * chunks < 8;
-    VecF even[QUERIES][CHUNKS], odd[QUERIES][CHUNKS];  // [h * nq + a][c]: hv x nq <= QUERIES
+    const int64_t span = (hv - 1) * d + chunks * WIDTH;  // the values read of each row
+    VecF even[QUERIES][CHUNKS], odd[QUERIES][CHUNKS];   // [h * nq + a][c]: hv x nq <= QUERIES
     for (int r = 0; r < hv * nq; r++)
         for (int c = 0; c < chunks; c++) even[r][c] = odd[r][c] = vec_zero();
     int64_t j = 0;
     for (; j + pairs < n; j += 1 + pairs) {
-        if (j + AHEAD < n) prefetch_kv(pool, rows[j + AHEAD] + head + at, (hv - 1) * d + chunks * WIDTH, bf16);
-        for (int h = 0; h < hv; h++)
-            for (int c = 0; c < chunks; c++) {
-                const VecF value = load_kv(pool, rows[j] + head + h * d + at + c * WIDTH, bf16);
-                for (int a = 0; a < nq; a++)
-                    even[h * nq + a][c] =
-                        vec_fmadd(vec_set1(weights[(h * group + a) * keys + j]), value, even[h * nq + a][c]);
-            }
+        if (j + AHEAD < n) prefetch_kv(pool, rows[j + AHEAD] + head + at, span, bf16);
+        add_key(hv, nq, chunks, even, weights, keys, group, pool, rows, head, at, j, bf16, d);
         if (!pairs) continue;
-        if (j + 1 + AHEAD < n)
-            prefetch_kv(pool, rows[j + 1 + AHEAD] + head + at, (hv - 1) * d + chunks * WIDTH, bf16);
-        for (int h = 0; h < hv; h++)
-            for (int c = 0; c < chunks; c++) {
-                const VecF value = load_kv(pool, rows[j + 1] + head + h * d + at + c * WIDTH, bf16);
-                for (int a = 0; a < nq; a++)
-                    odd[h * nq + a][c] =
-                        vec_fmadd(vec_set1(weights[(h * group + a) * keys + j + 1]), value, odd[h * nq + a][c]);
-            }
+        if (j + 1 + AHEAD < n) prefetch_kv(pool, rows[j + 1 + AHEAD] + head + at, span, bf16);
+        add_key(hv, nq, chunks, odd, weights, keys, group, pool, rows, head, at, j + 1, bf16, d);
     }
-    for (; j < n; j++)
-        for (int h = 0; h < hv; h++)
-            for (int c = 0; c < chunks; c++) {
-                const VecF value = load_kv(pool, rows[j] + head + h * d + at + c * WIDTH, bf16);
-                for (int a = 0; a < nq; a++)
-                    even[h * nq + a][c] =
-                        vec_fmadd(vec_set1(weights[(h * group + a) * keys + j]), value, even[h * nq + a][c]);
-            }
+    for (; j < n; j++) add_key(hv, nq, chunks, even, weights, keys, group, pool, rows, head, at, j, bf16, d);
     for (int h = 0; h < hv; h++)
         for (int a = 0; a < nq; a++)
             for (int c = 0; c < chunks; c++)
