@@ -225,8 +225,9 @@ def test_paged_attention_against_the_reference_and_torch(
 def test_paged_attention_of_a_request_is_the_same_alone_as_in_a_batch(
     kernels: CpuKernels, heads: int, kv_heads: int, d: int
 ) -> None:
-    """Bit for bit, however the batch's (KV heads, request) tasks are split: the greedy tokens of a
-    request must not depend on who else is decoding."""
+    """Bit for bit, however the batch's work is cut into tasks (by KV heads, or by chunks of a long
+    request's keys, merged after): the greedy tokens of a request must not depend on who else is
+    decoding."""
     g = torch.Generator().manual_seed(d)
     slots, lens = 4096, [2000, 3, 129, 700]
     k_pool, v_pool = (torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2))
