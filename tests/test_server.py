@@ -519,6 +519,27 @@ def test_scheduler_exits_when_front_end_dies(tmp_path: Path) -> None:
         stop_server(srv)
 
 
+def test_a_stop_while_the_scheduler_process_starts_exits_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM becomes a KeyboardInterrupt; one that lands inside ``EngineClient.spawn`` (as
+    multiprocessing starts its helper and then the scheduler) is a requested stop like any other."""
+    from minisgl.cli import main
+    from minisgl.server.engine_client import EngineClient
+
+    def interrupted(client: EngineClient) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(EngineClient, "spawn", interrupted)
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            main(["serve", "--port", str(_free_port())])
+    except KeyboardInterrupt:
+        pytest.fail("a stop during the scheduler's start escaped serve()")
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    assert exited.value.code == 0
+
+
 def test_sigterm_while_starting_stops_the_scheduler_and_exits_0(tmp_path: Path) -> None:
     """The scheduler process starts before the front end's own start-up: a stop requested meanwhile
     stops it too, before the model has loaded."""

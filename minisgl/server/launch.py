@@ -62,8 +62,8 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     # scheduler process started below is stopped either way.
     signal.signal(signal.SIGTERM, _interrupt)
     client = EngineClient(config, on_engine_death, level)
-    client.spawn()
     try:
+        client.spawn()  # a stop that lands while it starts the process is a requested stop too
         # Imported once the scheduler process is loading the model: the HTTP stack and the tokenizer
         # (transformers) take seconds to import, on the other core.
         import uvicorn
