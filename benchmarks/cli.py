@@ -19,7 +19,7 @@ from benchmarks.workloads import WORKLOADS, Sizes
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 
 
-def _names(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
+def comma_names(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
     def parse(value: str) -> list[str]:
         names = [n for n in value.split(",") if n and n != "none"]
         unknown = [n for n in names if n not in choices]
@@ -40,18 +40,21 @@ def parser() -> argparse.ArgumentParser:
         f"{', '.join(SCALE_MODELS)}",
     )
     p.add_argument(
-        "--workloads", type=_names(WORKLOADS), default=list(WORKLOADS), help="comma-separated: " + ",".join(WORKLOADS)
+        "--workloads",
+        type=comma_names(WORKLOADS),
+        default=list(WORKLOADS),
+        help="comma-separated: " + ",".join(WORKLOADS),
     )
     p.add_argument(
         "--systems",
-        type=_names(OFFLINE_SYSTEMS),
+        type=comma_names(OFFLINE_SYSTEMS),
         default=["minisgl", "hf"],
         help="offline systems, comma-separated ('none' for none): " + ",".join(OFFLINE_SYSTEMS),
     )
     online = tuple(MINISGL_VARIANTS)
     p.add_argument(
         "--online",
-        type=_names(online),
+        type=comma_names(online),
         default=["minisgl", "minisgl-naive", "minisgl-bf16"],
         help="built-in minisgl variants to serve and load over HTTP ('none' for none): " + ",".join(online),
     )
@@ -66,7 +69,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--peers",
-        type=_names(PEERS),
+        type=comma_names(PEERS),
         default=list(PEERS),
         help="peer servers, comma-separated ('none' for none; install with python -m benchmarks.peers setup): "
         + ",".join(PEERS),
@@ -104,10 +107,19 @@ def parser() -> argparse.ArgumentParser:
         help="online: Poisson arrivals per second (inf: all at once)",
     )
     p.add_argument("--max-concurrency", type=int, default=None, help="online: most requests in flight")
+    add_size_arguments(p)
+    return p
+
+
+def add_size_arguments(p: argparse.ArgumentParser) -> None:
+    """``--groups``, ``--system-len``, ...: one flag per field of ``Sizes`` (``sizes_of`` reads them back)."""
     sizes = p.add_argument_group("workload sizes")
     for f in fields(Sizes):
         sizes.add_argument(f"--{f.name.replace('_', '-')}", type=int, default=f.default)
-    return p
+
+
+def sizes_of(args: argparse.Namespace) -> Sizes:
+    return Sizes(**{f.name: getattr(args, f.name) for f in fields(Sizes)})
 
 
 def main(argv: list[str] | None = None) -> int:

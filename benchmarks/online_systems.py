@@ -36,8 +36,13 @@ def _variant_flags(options: dict[str, str]) -> list[str]:
     return [f for k, v in options.items() for f in (f"--{k.replace('_', '-')}", v)]
 
 
+def minisgl_variant(name: str, args: argparse.Namespace) -> Factory:
+    """A built-in variant's server (``MINISGL_VARIANTS``), from ``args``' model, dtype, device and threads."""
+    return _minisgl(name, args, _variant_flags(MINISGL_VARIANTS[name]))
+
+
 def online_systems(args: argparse.Namespace, opts: SystemOptions) -> dict[str, Factory]:
-    systems = {name: _minisgl(name, args, _variant_flags(MINISGL_VARIANTS[name])) for name in args.online}
+    systems = {name: minisgl_variant(name, args) for name in args.online}
     systems |= {name: _minisgl(name, args, shlex.split(flags)) for name, flags in args.serve}
     if "llama-server" in args.peers:
         from benchmarks.peers.llama_server import LlamaServer

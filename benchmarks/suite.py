@@ -7,7 +7,6 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from benchmarks import online as online_runner
+from benchmarks.cli import sizes_of
 from benchmarks.dense_folder import dense_folder
 from benchmarks.machine import OtherLoad, load_average, machine_info, tree_peak_rss
 from benchmarks.metrics import agreement
@@ -26,7 +26,7 @@ from benchmarks.results import RunResult
 from benchmarks.scale_model import resolve_scale_model
 from benchmarks.server import server_available
 from benchmarks.systems import SystemOptions, Unavailable, make_system
-from benchmarks.workloads import Sizes, Workload, build
+from benchmarks.workloads import Workload, build
 from minisgl.models.gguf import default_model_path
 from minisgl.models.source import resolve_model_path
 
@@ -116,7 +116,7 @@ def _annotate_agreement(runs: list[RunResult], reference: str) -> None:
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     started, load_start, others = time.perf_counter(), load_average(), OtherLoad()
-    sizes = Sizes(**{f.name: getattr(args, f.name) for f in fields(Sizes)})
+    sizes = sizes_of(args)
     args.model = resolve_scale_model(args.model)  # a scale model's name: its GGUF, written on first use
     hf_folder = resolve_model_path(args.model)
     gguf = _gguf_of(args.model)

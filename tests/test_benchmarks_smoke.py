@@ -15,6 +15,7 @@ from gguf_writer import train_bpe, write_gguf
 from tiny_models import VOCAB, build_tiny_model
 from transformers import AutoTokenizer
 
+from benchmarks import paired
 from benchmarks.cli import main
 from benchmarks.corpus import PERSONAS
 from benchmarks.hit_rate import best_hit_rate, reusable_tokens
@@ -169,6 +170,36 @@ def test_full_harness_on_a_tiny_model(tmp_path: Path, monkeypatch: pytest.Monkey
         assert "peak memory (GiB)" in (out / "results.md").read_text()
         long = runs[("online", "minisgl", "long-prompt")]
         assert long["prompt_tokens"] == TINY.long_prompts * TINY.long_len
+
+
+def test_paired_ratios_alternate_the_order_and_compare_within_a_round() -> None:
+    assert paired.order(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert paired.order(["a", "b", "c"], 1) == ["c", "b", "a"]
+    walls = {("a", "w", 0): 2.0, ("b", "w", 0): 4.0, ("a", "w", 1): 6.0, ("b", "w", 1): 3.0}
+    assert paired.speed_ratios(walls, ["a", "b"], "w", 2) == {"a": [1.0, 1.0], "b": [0.5, 2.0]}
+    table = paired.report(walls, {key: 0.0 for key in walls}, ["a", "b"], ["w"], 2)
+    assert table[-1] == "| w | b | 4.00 / 3.00 | 0.50 / 2.00 | **1.25** | 0.50-2.00 | 0.0 |"
+
+
+@pytest.mark.skipif(not server_available(), reason="this checkout has no minisgl/server")
+def test_paired_serves_both_variants_at_once_on_a_tiny_model(tmp_path: Path) -> None:
+    model = build_tiny_model("llama", tmp_path / "model")
+    out = tmp_path / "paired.md"
+    status = paired.main([
+        "--model", str(model), "--token-source", "random", "--threads", "1", "--repeats", "2",
+        "--workloads", "random,single-stream", "--out", str(out), *TINY_FLAGS,
+    ])  # fmt: skip
+    assert status == 0
+    rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| random") or
+            line.startswith("| single-stream")]  # fmt: skip
+    assert [(r[0], r[1]) for r in rows] == [
+        ("| random", "minisgl-nospec"), ("| random", "minisgl"),
+        ("| single-stream", "minisgl-nospec"), ("| single-stream", "minisgl"),
+    ]  # fmt: skip
+    for row in rows:
+        walls = [float(x) for x in row[2].split(" / ")]
+        assert len(walls) == 2 and all(w > 0 for w in walls)
+    assert rows[0][3] == "1.00 / 1.00"  # the baseline against itself
 
 
 def test_llamacpp_reuses_the_previous_prompt_only() -> None:

@@ -1,0 +1,147 @@
+"""Paired online A/B of minisgl server variants: every variant's server is up at once (an idle one polls
+twice a second), and each workload runs on each of them in turn for ``--repeats`` rounds, the order
+reversed every other round (A B, B A, A B, ...), so that this VM's drift in speed (20-50% within a session)
+falls on every variant alike (in one sequence, a variant that ran second in a slowing minute would lose by
+the drift alone). Caches are emptied before every run.
+
+Per round, each variant's speed against the first variant's on the same workload is the first's wall time
+over its own (above 1: faster; the same requests and output lengths, so it is also the ratio of output
+tok/s). The summary gives the median of those per-round ratios and their range. ``others' CPU``: what
+processes besides the measured server used during its runs, the idle variants' servers included.
+
+Issue #23 (speculation on, the default, against off): chat and random workloads at least 0.95x, 16 users
+at once at least 1x (random: 16 prompts at once; shared prefix: 32):
+
+    python -m benchmarks.paired [--systems minisgl-nospec,minisgl] [--workloads multi-turn,random,shared-prefix]
+        [--repeats 6] [--model MODEL] [--out FILE.md] [workload sizes as for python -m benchmarks]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from benchmarks.cli import add_size_arguments, comma_names, sizes_of
+from benchmarks.machine import OtherLoad, load_average, machine_info, usable_cores
+from benchmarks.online import run_online
+from benchmarks.online_systems import minisgl_variant
+from benchmarks.scale_model import resolve_scale_model
+from benchmarks.systems import MINISGL_VARIANTS
+from benchmarks.systems.base import OnlineSystem
+from benchmarks.workloads import WORKLOADS, build
+from minisgl.kernels.native import cpu_paths, resolve_kernels
+from minisgl.models.source import resolve_model_path
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.paired", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="as for python -m benchmarks (default: the default model)")
+    p.add_argument(
+        "--systems", type=comma_names(tuple(MINISGL_VARIANTS)), default=["minisgl-nospec", "minisgl"],
+        help="minisgl variants, the first the baseline (default: minisgl-nospec,minisgl)",
+    )  # fmt: skip
+    p.add_argument(
+        "--workloads", type=comma_names(WORKLOADS), default=["multi-turn", "random", "shared-prefix"],
+        help=f"comma-separated, of {', '.join(WORKLOADS)}",
+    )  # fmt: skip
+    p.add_argument("--repeats", type=int, default=6, help="runs of every workload on every variant")
+    p.add_argument("--threads", type=int, default=usable_cores())
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--token-source", choices=["text", "random"], default="text", help="as for python -m benchmarks")
+    p.add_argument("--out", type=Path, default=None, help="also write the report to this markdown file")
+    add_size_arguments(p)
+    return p
+
+
+def order(systems: list[str], round_index: int) -> list[str]:
+    """The variants in the order they run in a round: as given in even rounds, reversed in odd ones."""
+    return systems if round_index % 2 == 0 else systems[::-1]
+
+
+Walls = dict[tuple[str, str, int], float]  # (system, workload, round) -> seconds
+
+
+def speed_ratios(walls: Walls, systems: list[str], workload: str, rounds: int) -> dict[str, list[float]]:
+    """Per variant, its speed against the first variant's in each round: the first's wall over its own."""
+    base = systems[0]
+    return {s: [walls[base, workload, r] / walls[s, workload, r] for r in range(rounds)] for s in systems}
+
+
+COLUMNS = (
+    "workload", "system", "wall per round (s)", "speed vs the first, per round", "median", "range",
+    "others' CPU, most in a run (s)",
+)  # fmt: skip
+
+
+def report(
+    walls: Walls,
+    others: dict[tuple[str, str, int], float | None],
+    systems: list[str],
+    workloads: list[str],
+    rounds: int,
+) -> list[str]:
+    """The markdown table: a row per workload and variant."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for w in workloads:
+        ratios = speed_ratios(walls, systems, w, rounds)
+        for s in systems:
+            runs = " / ".join(f"{walls[s, w, r]:.2f}" for r in range(rounds))
+            per_round = " / ".join(f"{x:.2f}" for x in ratios[s])
+            busiest = max((others[s, w, r] or 0.0) for r in range(rounds))
+            lines.append(
+                f"| {w} | {s} | {runs} | {per_round} | **{statistics.median(ratios[s]):.2f}** | "
+                f"{min(ratios[s]):.2f}-{max(ratios[s]):.2f} | {busiest:.1f} |"
+            )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if len(args.systems) < 2 or args.repeats < 1:
+        raise SystemExit("need at least two --systems and one round")
+    args.model = resolve_scale_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path(args.model)))
+    workloads = build(args.workloads, tokenizer, sizes_of(args), args.seed, args.token_source)
+    served = argparse.Namespace(model=args.model, dtype="float32", device="auto", threads=args.threads)
+    header = [
+        "# Paired online A/B",
+        "",
+        f"- Command: `python -m benchmarks.paired {' '.join(sys.argv[1:] if argv is None else argv)}`",
+        f"- Machine: `{machine_info(args.threads)}`",
+        f"- Model: {args.model or 'the default (SmolLM2-135M-Instruct, Q4_1 GGUF)'}",
+        f"- Quantized products: {cpu_paths(resolve_kernels('auto'))}",
+        f"- Load average at start: {load_average()}",
+    ]
+    walls: Walls = {}
+    others: dict[tuple[str, str, int], float | None] = {}
+    with contextlib.ExitStack() as stack:
+        servers: dict[str, OnlineSystem] = {
+            name: stack.enter_context(minisgl_variant(name, served)()) for name in args.systems
+        }
+        header += [f"- {name}: {server.description}" for name, server in servers.items()]
+        for r in range(args.repeats):
+            for w in workloads:
+                for name in order(args.systems, r):
+                    server = servers[name]
+                    url = server.fresh()
+                    load = OtherLoad(server.pid)
+                    run = run_online(server, url, w, tokenizer, seed=args.seed)
+                    walls[name, w.name, r], others[name, w.name, r] = run.duration_s, load.core_seconds()
+                    print(f"round {r + 1} {w.name:13s} {name:16s} {run.duration_s:6.2f} s", file=sys.stderr)
+    header.append(f"- Load average at end: {load_average()}")
+    table = report(walls, others, args.systems, [w.name for w in workloads], args.repeats)
+    text = "\n".join([*header, "", *table])
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
