@@ -225,9 +225,10 @@ def test_paged_attention_against_the_reference_and_torch(
 def test_paged_attention_of_a_request_is_the_same_alone_as_in_a_batch(
     kernels: CpuKernels, heads: int, kv_heads: int, d: int
 ) -> None:
-    """Bit for bit, however the batch's work is cut into tasks (by KV heads, or by chunks of a long
-    request's keys, merged after): the greedy tokens of a request must not depend on who else is
-    decoding."""
+    """Bit for bit, however the batch's work is cut into tasks (by KV heads, whole rows, or chunks of a
+    long request's keys, merged after): the greedy tokens of a request must not depend on who else is
+    decoding. Short rows are read whole from two requests a thread, by head alone: both thread counts
+    compare the two."""
     g = torch.Generator().manual_seed(d)
     slots, lens = 4096, [2000, 3, 129, 700]
     k_pool, v_pool = (torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2))
@@ -236,11 +237,17 @@ def test_paged_attention_of_a_request_is_the_same_alone_as_in_a_batch(
     kv_slots[torch.arange(len(lens)), torch.tensor(lens) - 1] = out_slots
     q = torch.randn(len(lens), heads, d, generator=g)
     k, v = (torch.randn(len(lens), kv_heads, d, generator=g) for _ in range(2))
-    batch = kernels.paged_decode_attention(q, k, v, out_slots, k_pool, v_pool, kv_slots, torch.tensor(lens))
-    for b, n in enumerate(lens):
-        rows = slice(b, b + 1)
-        args = (q[rows], k[rows], v[rows], out_slots[rows], k_pool, v_pool, kv_slots[rows], torch.tensor([n]))
-        assert torch.equal(kernels.paged_decode_attention(*args), batch[rows])
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            batch = kernels.paged_decode_attention(q, k, v, out_slots, k_pool, v_pool, kv_slots, torch.tensor(lens))
+            for b, n in enumerate(lens):
+                rows = slice(b, b + 1)
+                args = (q[rows], k[rows], v[rows], out_slots[rows], k_pool, v_pool, kv_slots[rows], torch.tensor([n]))
+                assert torch.equal(kernels.paged_decode_attention(*args), batch[rows]), (t, b)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix: int) -> torch.Tensor:

@@ -11,7 +11,8 @@
 // time, and sums the values for up to QUERIES query heads a pass, each value vector loaded once for
 // them. Decode is bound by reading the pool, a row of which is kv_heads x d values (4 KB at 32 heads
 // of 64, bf16): where rows are that long, a task reads whole rows of a chunk of keys, and the chunks'
-// partial sums are merged after (split_of).
+// partial sums are merged after (chunk_keys); shorter rows are read whole by a task too where the batch
+// has requests enough for the threads (heads_per_task).
 //
 // Threads: the tasks (a request's KV heads, or a chunk of its keys) are split over `threads` OpenMP
 // threads, the requests inner.
@@ -256,26 +257,26 @@ static int64_t heads_per_pass(int64_t kv_heads, int64_t group) {
     return hv;
 }
 
-// How one request's attention is cut into tasks: `heads` KV heads (from a multiple of it) and `keys`
-// keys (from a multiple of it) each. Where pool rows are short, a task takes the heads of one pass over
-// values and every key: a head's lines lie close to the next key's. From WHOLE_ROWS bytes a row (16
-// heads of 64 in bf16; 4 KB at SmolLM2-1.7B's 32) one head's d values lie a row apart, where no hardware
-// prefetcher follows them, so a task reads whole rows, of a chunk of CHUNK_BYTES of them, whose values
-// stay in L2 while each pass over heads reads them; a request's chunks are merged after. From the model
-// and the request alone, never the batch: a request's sums run in the same order alone as in a batch.
+// How a request's attention is cut into tasks. Keys: where pool rows are short, a task takes every key of
+// its request. From WHOLE_ROWS bytes a row (16 heads of 64 in bf16; 4 KB at SmolLM2-1.7B's 32) one head's d
+// values lie a row apart, where no hardware prefetcher follows them, so a task reads whole rows, of a chunk
+// of CHUNK_BYTES of them, whose values stay in L2 while each pass over heads reads them; a request's chunks
+// are merged after. The chunks follow from the model and the request alone, never the batch: a request's
+// sums run in the same order alone as in a batch.
 #define WHOLE_ROWS 2048
 #define CHUNK_BYTES (256 * 1024)
-typedef struct {
-    int64_t heads, keys;
-} Split;
+static int64_t chunk_keys(int64_t n, int64_t row_bytes) {
+    const int64_t keys = row_bytes < WHOLE_ROWS ? (n + KEYS - 1) / KEYS * KEYS : CHUNK_BYTES / row_bytes / KEYS * KEYS;
+    return keys > KEYS ? keys : KEYS;
+}
 
-static Split split_of(int64_t n, int64_t kv_heads, int64_t group, int64_t row_bytes) {
-    if (row_bytes < WHOLE_ROWS) {
-        const int64_t keys = (n + KEYS - 1) / KEYS * KEYS;
-        return (Split){heads_per_pass(kv_heads, group), keys > KEYS ? keys : KEYS};
-    }
-    const int64_t keys = CHUNK_BYTES / row_bytes / KEYS * KEYS;
-    return (Split){kv_heads, keys > KEYS ? keys : KEYS};
+// Heads: a task takes whole rows (every KV head) where rows are long, and where the batch gives every
+// thread WHOLE_ROW_TASKS requests that way: a row's heads then come in from memory together, not in one
+// pass over the keys per head. A request alone with short rows keeps a task per pass over values, so that
+// its heads spread over the threads. Each head's sums are the same whichever task computes them.
+#define WHOLE_ROW_TASKS 2
+static int64_t heads_per_task(int64_t kv_heads, int64_t group, int64_t row_bytes, int64_t batch, int threads) {
+    return row_bytes >= WHOLE_ROWS || batch >= WHOLE_ROW_TASKS * threads ? kv_heads : heads_per_pass(kv_heads, group);
 }
 
 // A request's chunks of `keys`: one at least, so that one without keys still gets its (zero) output.
@@ -333,12 +334,12 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
     // Tasks: part p (chunk p / blocks, heads block p % blocks) of request b, part outer (requests that
     // share a prefix read the same rows close together in time). Where a request has several chunks,
     // each task leaves its query heads' unnormalised sums, largest score and total, merged after.
-    const int64_t per_task = split_of(0, kv_heads, group, row_bytes).heads, blocks = kv_heads / per_task;
-    const int whole_rows = row_bytes >= WHOLE_ROWS;
+    const int64_t per_task = heads_per_task(kv_heads, group, row_bytes, batch, threads), blocks = kv_heads / per_task;
+    const int whole_rows = per_task == kv_heads;
     const int64_t rows_per_task = per_task * group;  // query heads
     int64_t most = 0, tasks = 0, widest = KEYS;
     for (int64_t b = 0; b < batch; b++) {
-        const int64_t keys = split_of(kv_lens[b], kv_heads, group, row_bytes).keys;
+        const int64_t keys = chunk_keys(kv_lens[b], row_bytes);
         const int64_t parts = chunk_count(kv_lens[b], keys) * blocks;
         most = parts > most ? parts : most;
         widest = keys > widest ? keys : widest;
@@ -354,7 +355,7 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
     int64_t *task_at = task_part + tasks;  // [batch, most]: the task of part p of request b
     for (int64_t p = 0, t = 0; p < most; p++)
         for (int64_t b = 0; b < batch; b++) {
-            const int64_t keys = split_of(kv_lens[b], kv_heads, group, row_bytes).keys;
+            const int64_t keys = chunk_keys(kv_lens[b], row_bytes);
             if (p < chunk_count(kv_lens[b], keys) * blocks) {
                 task_request[t] = b, task_part[t] = p, task_at[b * most + p] = t;
                 t++;
@@ -376,7 +377,7 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; t++) {
             if (scores == NULL) continue;
-            const int64_t b = task_request[t], ck = split_of(kv_lens[b], kv_heads, group, row_bytes).keys;
+            const int64_t b = task_request[t], ck = chunk_keys(kv_lens[b], row_bytes);
             const int64_t first = task_part[t] % blocks * per_task, start = task_part[t] / blocks * ck;
             const int64_t n = kv_lens[b] - start < ck ? kv_lens[b] - start : ck;
             const int64_t keys = (n + KEYS - 1) / KEYS * KEYS;  // a last partial block dots the chunk's key 0 again
@@ -427,7 +428,7 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
 #pragma omp for schedule(static)
         for (int64_t br = 0; br < batch * heads; br++) {
             const int64_t b = br / heads, r = br % heads;
-            const int64_t ck = split_of(kv_lens[b], kv_heads, group, row_bytes).keys;
+            const int64_t ck = chunk_keys(kv_lens[b], row_bytes);
             const int64_t chunks = chunk_count(kv_lens[b], ck);
             const int64_t block = r / rows_per_task, within = r % rows_per_task;
             if (chunks < 2) continue;
