@@ -82,3 +82,13 @@ LPM_MAX_QUEUE = 128
 # waits one round and then reuses that request's KV instead of computing the same prefix again.
 # By design; no script re-measures it.
 SHARED_PREFIX_MIN = 32
+
+# -- streaming (``server/scheduler_process.py``) -------------------------------------------------------
+# A decode step's tokens wait up to this long for the next steps' and go to the front end in one message
+# (a request's first and last tokens, and tokens before a prefill or an idle loop, go at once): each
+# message wakes the front end and the client, which on a 2-core CPU share the cores with the model's
+# threads; per-token messages cost one user's decode at 135M about a tenth of its speed through the server.
+# ``--stream-interval-ms`` overrides it. One user through the server against offline, with and without:
+# ``python -m benchmarks.paired --systems offline:minisgl-nospec,minisgl-nospec --serve
+# 'per-token=--speculative-algorithm none --stream-interval-ms 0' --workloads single-stream``.
+STREAM_INTERVAL_MS = 20

@@ -10,6 +10,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import msgspec
 import pytest
@@ -182,7 +183,8 @@ def test_a_request_whose_grammar_compiles_counts_as_waiting_everywhere(
 
     monkeypatch.setattr(sched.grammars, "_compile", gated_compile)
     outbox = Outbox()
-    loop = SchedulerLoop(sched, inbox=None, outbox=outbox, parent_pid=os.getppid())  # type: ignore[arg-type]
+    inbox: Any = None  # fed through _handle instead
+    loop = SchedulerLoop(sched, inbox=inbox, outbox=outbox, parent_pid=os.getppid(), stream_interval_s=0.0)
     answers = StepOutput()
     loop._handle(Submit(1, PROMPT, SamplingParams(max_tokens=4, regex=r"(w8|w9){1,3}")), answers)
     loop._handle(Submit(2, [9, 10], SamplingParams(max_tokens=4)), answers)

@@ -519,6 +519,49 @@ def test_scheduler_exits_when_front_end_dies(tmp_path: Path) -> None:
         stop_server(srv)
 
 
+def test_stream_pacer_holds_decode_tokens_for_the_interval_only() -> None:
+    """Answers, a request's first token and its last go at once; other tokens wait until the interval
+    has passed since the last message, and then everything held goes together, in order."""
+    from minisgl.server.protocol import StepOutput, Token
+    from minisgl.server.scheduler_process import StreamPacer
+
+    now = [0.0]
+    pacer = StreamPacer(0.02, clock=lambda: now[0])
+
+    def step(*tokens: tuple[int, int, str | None]) -> StepOutput:
+        return StepOutput(tokens=[Token(rid, token, finish, 0) for rid, token, finish in tokens])
+
+    def sent() -> list[tuple[int, int]]:
+        out = pacer.take()
+        assert out is not None
+        return [(t.rid, t.token_id) for t in out.tokens]
+
+    assert pacer.take() is None  # nothing held
+    assert pacer.add(StepOutput(accepted=[1, 2]))
+    assert pacer.take() == StepOutput(accepted=[1, 2])
+    assert pacer.add(step((1, 10, None)))  # request 1's first token
+    assert sent() == [(1, 10)]
+    now[0] = 0.005
+    assert not pacer.add(step((1, 11, None)))
+    now[0] = 0.010
+    assert pacer.add(step((1, 12, None), (2, 20, None)))  # request 2's first token takes 1's held ones along
+    assert sent() == [(1, 11), (1, 12), (2, 20)]
+    now[0] = 0.025
+    assert not pacer.add(step((1, 13, None), (2, 21, None)))  # 15 ms since the last message
+    now[0] = 0.031
+    assert pacer.add(step((1, 14, None), (2, 22, None)))
+    assert sent() == [(1, 13), (2, 21), (1, 14), (2, 22)]
+    now[0] = 0.032
+    assert pacer.add(step((1, 15, "length"), (2, 23, None)))  # a last token
+    assert sent() == [(1, 15), (2, 23)]
+    now[0] = 0.040
+    assert pacer.add(step((1, 30, None)))  # a new request under a finished one's id starts at once again
+    assert sent() == [(1, 30)]
+    every = StreamPacer(0.0, clock=lambda: now[0])
+    assert every.add(step((3, 1, None))) and every.take() is not None
+    assert every.add(step((3, 2, None)))  # no interval: every step is due
+
+
 def test_a_stop_while_the_scheduler_process_starts_exits_0(monkeypatch: pytest.MonkeyPatch) -> None:
     """SIGTERM becomes a KeyboardInterrupt; one that lands inside ``EngineClient.spawn`` (as
     multiprocessing starts its helper and then the scheduler) is a requested stop like any other."""

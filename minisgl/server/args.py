@@ -6,6 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
+from minisgl.tuning import STREAM_INTERVAL_MS
+
 API_KEY_ENV = "MINISGL_API_KEY"
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than the text of a full context, far less than abuse
 
@@ -29,7 +31,19 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
         help="request bodies larger than this many bytes get 413",
     )  # fmt: skip
+    g.add_argument(
+        "--stream-interval-ms", type=_non_negative, default=STREAM_INTERVAL_MS,
+        help="decode tokens wait up to this long to stream with the next ones (a request's first and last "
+        "tokens never wait); 0 streams every token as it comes",
+    )  # fmt: skip
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
+
+
+def _non_negative(value: str) -> float:
+    number = float(value)
+    if not number >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be a number of milliseconds >= 0, got {value}")
+    return number
 
 
 def api_key_from(args: argparse.Namespace) -> str | None:

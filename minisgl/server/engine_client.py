@@ -58,8 +58,17 @@ Event = Accepted | Rejection | Token | EngineDead
 
 
 class EngineClient:
-    def __init__(self, config: EngineConfig, on_death: Callable[[], None], log_level: int = logging.INFO) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        on_death: Callable[[], None],
+        stream_interval_s: float,
+        log_level: int = logging.INFO,
+    ) -> None:
+        """``stream_interval_s``: how long the scheduler process holds decode tokens to send them
+        together (``StreamPacer``)."""
         self.config, self.on_death, self.log_level = config, on_death, log_level
+        self.stream_interval_s = stream_interval_s
         self.ready: Ready | None = None
         self.stats = StatsSnapshot()
         self.dead = False
@@ -96,7 +105,7 @@ class EngineClient:
             # the tensor-parallel ranks; it exits by itself when this process goes away.
             process = mp.get_context("spawn").Process(
                 target=run_scheduler,
-                args=(self.config, to_addr, from_addr, os.getpid(), self.log_level),
+                args=(self.config, to_addr, from_addr, os.getpid(), self.log_level, self.stream_interval_s),
                 name="minisgl-scheduler",
                 daemon=False,
             )

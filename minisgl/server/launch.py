@@ -61,7 +61,7 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     # end here as KeyboardInterrupt, as they do while starting, so a requested stop exits 0 and the
     # scheduler process started below is stopped either way.
     signal.signal(signal.SIGTERM, _interrupt)
-    client = EngineClient(config, on_engine_death, level)
+    client = EngineClient(config, on_engine_death, args.stream_interval_ms / 1000, level)
     try:
         client.spawn()  # a stop that lands while it starts the process is a requested stop too
         # Imported once the scheduler process is loading the model: the HTTP stack and the tokenizer

@@ -84,7 +84,8 @@ class Rejection(msgspec.Struct, array_like=True):
 
 
 class StepOutput(msgspec.Struct, tag=True):
-    """Answers to the submissions drained in one loop iteration, or the tokens of one step (batched).
+    """Answers to the submissions drained in one loop iteration, or the tokens of one or more steps
+    (batched; ``StreamPacer`` holds a fast decode's steps for a few milliseconds to send them together).
 
     ``accepted``/``rejected`` answer each ``Submit`` (validation happens in the scheduler, which
     knows the pool), so a streaming response can still fail with a 400 before it starts. A request

@@ -1,8 +1,9 @@
 """The scheduler process: owns the model and the KV pool, runs forward passes, speaks only token ids.
 
-Loop: drain incoming messages (block while idle), run one ``step`` if there is work, send that
-step's tokens as one message, push stats now and then. It exits when its parent disappears, so
-a killed front end never leaves an orphan holding the model's memory.
+Loop: drain incoming messages (block while idle), run one ``step`` if there is work, send that step's
+tokens with any held before them as one message once ``StreamPacer`` says they are due, push stats now
+and then. It exits when its parent disappears, so a killed front end never leaves an orphan holding
+the model's memory.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import secrets
 import signal
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -50,9 +52,49 @@ IDLE_POLL_MS = 500
 STATS_INTERVAL_S = 0.5
 
 
+class StreamPacer:
+    """Holds the steps' outputs and says when they go to the front end, all held ones in one message: at
+    once for answers (a stream's start or its 400), a request's first token (time to first token) and its
+    last (the response's end), and when nothing more would come soon (``flush``); else once ``interval_s``
+    has passed since the last message. Tokens keep their order."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s, self.clock = interval_s, clock
+        self.held = StepOutput()
+        self._streaming: set[int] = set()  # requests whose first token has gone
+        self._last = clock()
+
+    def add(self, out: StepOutput) -> bool:
+        """Hold ``out``; whether the held outputs are due now."""
+        held = self.held
+        held.tokens += out.tokens
+        held.accepted += out.accepted
+        held.rejected += out.rejected
+        urgent = bool(out.accepted or out.rejected)
+        for token in out.tokens:
+            if token.finish_reason is not None:
+                self._streaming.discard(token.rid)
+                urgent = True
+            elif token.rid not in self._streaming:
+                self._streaming.add(token.rid)
+                urgent = True
+        return urgent or self.clock() - self._last >= self.interval_s
+
+    def take(self) -> StepOutput | None:
+        """The held outputs, now due, or None if none are held."""
+        out = self.held
+        if not (out.tokens or out.accepted or out.rejected):
+            return None
+        self.held, self._last = StepOutput(), self.clock()
+        return out
+
+
 class SchedulerLoop:
-    def __init__(self, scheduler: Scheduler, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: int) -> None:
+    def __init__(
+        self, scheduler: Scheduler, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: int, stream_interval_s: float
+    ) -> None:
         self.scheduler, self.inbox, self.outbox, self.parent_pid = scheduler, inbox, outbox, parent_pid
+        self.pacer = StreamPacer(stream_interval_s)
         self.decoder = msgspec.msgpack.Decoder(ToScheduler)
         self.encoder = msgspec.msgpack.Encoder()
         self._stats_due = True
@@ -73,11 +115,21 @@ class SchedulerLoop:
                 # Answered before the forward pass, which can be long: a 400 or a stream start waits for this.
                 self.outbox.send(self.encoder.encode(answers))
             if self.scheduler.has_work:
-                out = self._step()
-                if out.tokens or out.accepted or out.rejected:
-                    self.outbox.send(self.encoder.encode(out))
+                if self._prefill_next():
+                    self._send_held()  # held tokens would otherwise wait for a whole prefill pass
+                if self.pacer.add(self._step()) or not self.scheduler.has_work:
+                    self._send_held()
             self._maybe_send_stats()
         logger.warning("parent process %d is gone; scheduler exits", self.parent_pid)
+
+    def _prefill_next(self) -> bool:
+        """Whether the next step may prefill: a request waits, or a running one has prompt left."""
+        return bool(self.scheduler.waiting) or any(r.is_prefilling for r in self.scheduler.running)
+
+    def _send_held(self) -> None:
+        out = self.pacer.take()
+        if out is not None:
+            self.outbox.send(self.encoder.encode(out))
 
     def _drain(self, out: StepOutput, block: bool) -> None:
         timeout = IDLE_POLL_MS if block else 0
@@ -178,7 +230,9 @@ class SchedulerLoop:
         self._stats_due, self._last_stats = False, now
 
 
-def run_scheduler(config: EngineConfig, inbox_addr: str, outbox_addr: str, parent_pid: int, log_level: int) -> None:
+def run_scheduler(
+    config: EngineConfig, inbox_addr: str, outbox_addr: str, parent_pid: int, log_level: int, stream_interval_s: float
+) -> None:
     """Entry point of the spawned process. The engine is imported here, not with this module: the
     front end imports this module for the process's target and stays torch-free."""
     from minisgl.scheduler.scheduler import Scheduler
@@ -202,6 +256,6 @@ def run_scheduler(config: EngineConfig, inbox_addr: str, outbox_addr: str, paren
     )
     outbox.send(msgspec.msgpack.encode(ready))
     try:
-        SchedulerLoop(scheduler, inbox, outbox, parent_pid).run()
+        SchedulerLoop(scheduler, inbox, outbox, parent_pid, stream_interval_s).run()
     finally:
         ctx.destroy(linger=0)
