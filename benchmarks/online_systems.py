@@ -23,7 +23,9 @@ def parse_serve(value: str) -> tuple[str, str]:
     return name.strip(), flags
 
 
-def _minisgl(name: str, args: argparse.Namespace, flags: list[str]) -> Factory:
+def minisgl_with_flags(name: str, args: argparse.Namespace, flags: list[str]) -> Factory:
+    """A minisgl server with these ``python -m minisgl serve`` flags (after ``args``' model, dtype, device and
+    threads, which they may override)."""
     from benchmarks.systems.minisgl_server import MinisglServer
 
     base = ["--model", args.model] if args.model else []
@@ -38,12 +40,12 @@ def _variant_flags(options: dict[str, str]) -> list[str]:
 
 def minisgl_variant(name: str, args: argparse.Namespace) -> Factory:
     """A built-in variant's server (``MINISGL_VARIANTS``), from ``args``' model, dtype, device and threads."""
-    return _minisgl(name, args, _variant_flags(MINISGL_VARIANTS[name]))
+    return minisgl_with_flags(name, args, _variant_flags(MINISGL_VARIANTS[name]))
 
 
 def online_systems(args: argparse.Namespace, opts: SystemOptions) -> dict[str, Factory]:
     systems = {name: minisgl_variant(name, args) for name in args.online}
-    systems |= {name: _minisgl(name, args, shlex.split(flags)) for name, flags in args.serve}
+    systems |= {name: minisgl_with_flags(name, args, shlex.split(flags)) for name, flags in args.serve}
     if "llama-server" in args.peers:
         from benchmarks.peers.llama_server import LlamaServer
 

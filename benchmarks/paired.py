@@ -1,55 +1,75 @@
-"""Paired online A/B of minisgl server variants: every variant's server is up at once (an idle one polls
-twice a second), and each workload runs on each of them in turn for ``--repeats`` rounds, the order
-reversed every other round (A B, B A, A B, ...), so that this VM's drift in speed (20-50% within a session)
-falls on every variant alike (in one sequence, a variant that ran second in a slowing minute would lose by
-the drift alone). Caches are emptied before every run.
+"""Paired A/B of minisgl configurations: every server is up at once (an idle one polls twice a second)
+and every offline engine loaded, and each workload runs on each of them in turn for ``--repeats`` rounds,
+the order reversed every other round (A B, B A, A B, ...), so that this VM's drift in speed (20-50% within
+a session) falls on every configuration alike (in one sequence, whichever ran second in a slowing minute
+would lose by the drift alone). Caches are emptied before every run.
 
-Per round, each variant's speed against the first variant's on the same workload is the first's wall time
+Per round, each configuration's speed against the first's on the same workload is the first's wall time
 over its own (above 1: faster; the same requests and output lengths, so it is also the ratio of output
 tok/s). The summary gives the median of those per-round ratios and their range. ``others' CPU``: what
-processes besides the measured server used during its runs, the idle variants' servers included.
+processes besides the measured server (or this one, offline) used during its runs, the idle servers
+included.
 
-Issue #23 (speculation on, the default, against off): chat and random workloads at least 0.95x, 16 users
-at once at least 1x (random: 16 prompts at once; shared prefix: 32):
+Configurations: built-in variants served over HTTP (``minisgl``, ``minisgl-nospec``, ...), the same run
+offline through ``LLM.generate`` (``offline:minisgl``), and servers with any flags (``--serve NAME=FLAGS``,
+after ``--systems``). Issue #23, speculation on (the default) against off: chat and random workloads at
+least 0.95x, 16 users at once at least 1x (random: 16 prompts at once; shared prefix: 32)::
 
-    python -m benchmarks.paired [--systems minisgl-nospec,minisgl] [--workloads multi-turn,random,shared-prefix]
-        [--repeats 6] [--model MODEL] [--out FILE.md] [workload sizes as for python -m benchmarks]
+    python -m benchmarks.paired --systems minisgl-nospec,minisgl --workloads multi-turn,random,shared-prefix
+
+Issue #21, one user through the server against offline (at least 0.95x)::
+
+    python -m benchmarks.paired --systems offline:minisgl,minisgl --workloads single-stream
+
+Options: ``--repeats 6``, ``--model MODEL`` (as for ``python -m benchmarks``), ``--out FILE.md``, workload
+sizes as for ``python -m benchmarks``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from benchmarks.cli import add_size_arguments, comma_names, sizes_of
 from benchmarks.machine import OtherLoad, load_average, machine_info, usable_cores
+from benchmarks.offline import run_offline, warm_up
 from benchmarks.online import run_online
-from benchmarks.online_systems import minisgl_variant
+from benchmarks.online_systems import minisgl_variant, minisgl_with_flags, parse_serve
 from benchmarks.scale_model import resolve_scale_model
-from benchmarks.systems import MINISGL_VARIANTS
-from benchmarks.systems.base import OnlineSystem
-from benchmarks.workloads import WORKLOADS, build
+from benchmarks.systems import MINISGL_VARIANTS, SystemOptions, make_system
+from benchmarks.systems.base import OfflineSystem, OnlineSystem
+from benchmarks.workloads import WORKLOADS, Workload, build
 from minisgl.kernels.native import cpu_paths, resolve_kernels
 from minisgl.models.source import resolve_model_path
+
+OFFLINE = "offline:"
+CONFIGURATIONS = (*MINISGL_VARIANTS, *(OFFLINE + name for name in MINISGL_VARIANTS))
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.paired", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="as for python -m benchmarks (default: the default model)")
     p.add_argument(
-        "--systems", type=comma_names(tuple(MINISGL_VARIANTS)), default=["minisgl-nospec", "minisgl"],
-        help="minisgl variants, the first the baseline (default: minisgl-nospec,minisgl)",
+        "--systems", type=comma_names(CONFIGURATIONS), default=["minisgl-nospec", "minisgl"],
+        help="the configurations, the first the baseline: minisgl variants served, or run offline as "
+        "offline:VARIANT (default: minisgl-nospec,minisgl)",
+    )  # fmt: skip
+    p.add_argument(
+        "--serve", type=parse_serve, action="append", default=[], metavar="NAME=FLAGS",
+        help="one more server, with these `python -m minisgl serve` flags (repeatable; after --systems)",
     )  # fmt: skip
     p.add_argument(
         "--workloads", type=comma_names(WORKLOADS), default=["multi-turn", "random", "shared-prefix"],
         help=f"comma-separated, of {', '.join(WORKLOADS)}",
     )  # fmt: skip
-    p.add_argument("--repeats", type=int, default=6, help="runs of every workload on every variant")
+    p.add_argument("--repeats", type=int, default=6, help="rounds: runs of every workload on every configuration")
     p.add_argument("--threads", type=int, default=usable_cores())
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--token-source", choices=["text", "random"], default="text", help="as for python -m benchmarks")
@@ -59,15 +79,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def order(systems: list[str], round_index: int) -> list[str]:
-    """The variants in the order they run in a round: as given in even rounds, reversed in odd ones."""
+    """The configurations in the order they run in a round: as given in even rounds, reversed in odd ones."""
     return systems if round_index % 2 == 0 else systems[::-1]
 
 
-Walls = dict[tuple[str, str, int], float]  # (system, workload, round) -> seconds
+Walls = dict[tuple[str, str, int], float]  # (configuration, workload, round) -> seconds
 
 
 def speed_ratios(walls: Walls, systems: list[str], workload: str, rounds: int) -> dict[str, list[float]]:
-    """Per variant, its speed against the first variant's in each round: the first's wall over its own."""
+    """Per configuration, its speed against the first's in each round: the first's wall over its own."""
     base = systems[0]
     return {s: [walls[base, workload, r] / walls[s, workload, r] for r in range(rounds)] for s in systems}
 
@@ -85,7 +105,7 @@ def report(
     workloads: list[str],
     rounds: int,
 ) -> list[str]:
-    """The markdown table: a row per workload and variant."""
+    """The markdown table: a row per workload and configuration."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for w in workloads:
         ratios = speed_ratios(walls, systems, w, rounds)
@@ -100,16 +120,43 @@ def report(
     return lines
 
 
+# One run of a workload on one configuration: (wall seconds, other processes' core-seconds meanwhile).
+Runner = Callable[[Workload], tuple[float, float | None]]
+
+
+def offline_runner(system: OfflineSystem, tokenizer: PreTrainedTokenizerBase) -> Runner:
+    def run(workload: Workload) -> tuple[float, float | None]:
+        load = OtherLoad()
+        return run_offline(system, workload, tokenizer).duration_s, load.core_seconds()
+
+    return run
+
+
+def online_runner(server: OnlineSystem, tokenizer: PreTrainedTokenizerBase, seed: int) -> Runner:
+    def run(workload: Workload) -> tuple[float, float | None]:
+        url = server.fresh()
+        load = OtherLoad(server.pid)
+        return run_online(server, url, workload, tokenizer, seed=seed).duration_s, load.core_seconds()
+
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if len(args.systems) < 2 or args.repeats < 1:
-        raise SystemExit("need at least two --systems and one round")
+    names = [*args.systems, *(name for name, _ in args.serve)]
+    if len(set(names)) < 2 or len(set(names)) < len(names) or args.repeats < 1:
+        raise SystemExit("need two or more distinct configurations (--systems, --serve) and one round or more")
     args.model = resolve_scale_model(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path(args.model)))
+    folder = resolve_model_path(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
     workloads = build(args.workloads, tokenizer, sizes_of(args), args.seed, args.token_source)
     served = argparse.Namespace(model=args.model, dtype="float32", device="auto", threads=args.threads)
+    opts = SystemOptions(
+        model=args.model, hf_folder=folder, gguf=None, threads=args.threads,
+        max_seq_len=max(w.max_seq_len() for w in workloads) + 64,  # + the warm-up's few tokens
+    )  # fmt: skip
     header = [
-        "# Paired online A/B",
+        "# Paired A/B",
         "",
         f"- Command: `python -m benchmarks.paired {' '.join(sys.argv[1:] if argv is None else argv)}`",
         f"- Machine: `{machine_info(args.threads)}`",
@@ -120,21 +167,28 @@ def main(argv: list[str] | None = None) -> int:
     walls: Walls = {}
     others: dict[tuple[str, str, int], float | None] = {}
     with contextlib.ExitStack() as stack:
-        servers: dict[str, OnlineSystem] = {
-            name: stack.enter_context(minisgl_variant(name, served)()) for name in args.systems
-        }
-        header += [f"- {name}: {server.description}" for name, server in servers.items()]
+        runners: dict[str, Runner] = {}
+        for name in args.systems:
+            if name.startswith(OFFLINE):
+                system = make_system(name.removeprefix(OFFLINE), opts)
+                stack.callback(system.close)
+                warm_up(system, len(tokenizer))
+                runners[name], description = offline_runner(system, tokenizer), system.description
+            else:
+                server = stack.enter_context(minisgl_variant(name, served)())
+                runners[name], description = online_runner(server, tokenizer, args.seed), server.description
+            header.append(f"- {name}: {description}")
+        for name, flags in args.serve:
+            server = stack.enter_context(minisgl_with_flags(name, served, shlex.split(flags))())
+            runners[name] = online_runner(server, tokenizer, args.seed)
+            header.append(f"- {name}: {server.description}")
         for r in range(args.repeats):
             for w in workloads:
-                for name in order(args.systems, r):
-                    server = servers[name]
-                    url = server.fresh()
-                    load = OtherLoad(server.pid)
-                    run = run_online(server, url, w, tokenizer, seed=args.seed)
-                    walls[name, w.name, r], others[name, w.name, r] = run.duration_s, load.core_seconds()
-                    print(f"round {r + 1} {w.name:13s} {name:16s} {run.duration_s:6.2f} s", file=sys.stderr)
+                for name in order(names, r):
+                    walls[name, w.name, r], others[name, w.name, r] = runners[name](w)
+                    print(f"round {r + 1} {w.name:13s} {name:24s} {walls[name, w.name, r]:6.2f} s", file=sys.stderr)
     header.append(f"- Load average at end: {load_average()}")
-    table = report(walls, others, args.systems, [w.name for w in workloads], args.repeats)
+    table = report(walls, others, names, [w.name for w in workloads], args.repeats)
     text = "\n".join([*header, "", *table])
     print(text)
     if args.out is not None:

@@ -182,20 +182,20 @@ def test_paired_ratios_alternate_the_order_and_compare_within_a_round() -> None:
 
 
 @pytest.mark.skipif(not server_available(), reason="this checkout has no minisgl/server")
-def test_paired_serves_both_variants_at_once_on_a_tiny_model(tmp_path: Path) -> None:
+def test_paired_runs_offline_and_two_servers_up_at_once_on_a_tiny_model(tmp_path: Path) -> None:
     model = build_tiny_model("llama", tmp_path / "model")
     out = tmp_path / "paired.md"
     status = paired.main([
         "--model", str(model), "--token-source", "random", "--threads", "1", "--repeats", "2",
-        "--workloads", "random,single-stream", "--out", str(out), *TINY_FLAGS,
+        "--systems", "offline:minisgl-nospec,minisgl-nospec", "--workloads", "random,single-stream",
+        "--serve", "per-token=--speculative-algorithm none --stream-interval-ms 0", "--out", str(out), *TINY_FLAGS,
     ])  # fmt: skip
     assert status == 0
-    rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| random") or
-            line.startswith("| single-stream")]  # fmt: skip
-    assert [(r[0], r[1]) for r in rows] == [
-        ("| random", "minisgl-nospec"), ("| random", "minisgl"),
-        ("| single-stream", "minisgl-nospec"), ("| single-stream", "minisgl"),
-    ]  # fmt: skip
+    text = out.read_text()
+    assert "- per-token: minisgl server, --speculative-algorithm none --stream-interval-ms 0" in text
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith(("| random", "| single-stream"))]
+    systems = ["offline:minisgl-nospec", "minisgl-nospec", "per-token"]
+    assert [(r[0], r[1]) for r in rows] == [(f"| {w}", s) for w in ("random", "single-stream") for s in systems]
     for row in rows:
         walls = [float(x) for x in row[2].split(" / ")]
         assert len(walls) == 2 and all(w > 0 for w in walls)
