@@ -87,7 +87,9 @@ SHARED_PREFIX_MIN = 32
 # A decode step's tokens wait up to this long for the next steps' and go to the front end in one message
 # (a request's first and last tokens, and tokens before a prefill or an idle loop, go at once): each
 # message wakes the front end and the client, which on a 2-core CPU share the cores with the model's
-# threads; per-token messages cost one user's decode at 135M about a tenth of its speed through the server.
+# threads, so per-token messages slow a small model's decode through the server. 20 ms by design: about a
+# screen's refresh, and shorter than a 1-2B model's decode step on such a CPU, whose tokens still go one a
+# message.
 # ``--stream-interval-ms`` overrides it. One user through the server against offline, with and without:
 # ``python -m benchmarks.paired --systems offline:minisgl-nospec,minisgl-nospec --serve
 # 'per-token=--speculative-algorithm none --stream-interval-ms 0' --workloads single-stream``.
