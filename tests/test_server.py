@@ -557,6 +557,8 @@ def test_stream_pacer_holds_decode_tokens_for_the_interval_only() -> None:
     now[0] = 0.040
     assert pacer.add(step((1, 30, None)))  # a new request under a finished one's id starts at once again
     assert sent() == [(1, 30)]
+    pacer.forget([1])  # aborted: its state goes without a last token
+    assert pacer.add(step((1, 40, None))) and sent() == [(1, 40)]
     every = StreamPacer(0.0, clock=lambda: now[0])
     assert every.add(step((3, 1, None))) and every.take() is not None
     assert every.add(step((3, 2, None)))  # no interval: every step is due

@@ -55,8 +55,8 @@ STATS_INTERVAL_S = 0.5
 class StreamPacer:
     """Holds the steps' outputs and says when they go to the front end, all held ones in one message: at
     once for answers (a stream's start or its 400), a request's first token (time to first token) and its
-    last (the response's end), and when nothing more would come soon (``flush``); else once ``interval_s``
-    has passed since the last message. Tokens keep their order."""
+    last (the response's end); else once ``interval_s`` has passed since the last message. The loop also
+    takes them whenever nothing more would come soon. Tokens keep their order."""
 
     def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.interval_s, self.clock = interval_s, clock
@@ -79,6 +79,10 @@ class StreamPacer:
                 self._streaming.add(token.rid)
                 urgent = True
         return urgent or self.clock() - self._last >= self.interval_s
+
+    def forget(self, rids: list[int]) -> None:
+        """Aborted requests: no last token will come for them."""
+        self._streaming.difference_update(rids)
 
     def take(self) -> StepOutput | None:
         """The held outputs, now due, or None if none are held."""
@@ -154,6 +158,7 @@ class SchedulerLoop:
                 # Unknown rids are normal: the request may have finished while the abort was in flight.
                 self._unanswered.pop(rid, None)
                 self.scheduler.abort(rid)
+            self.pacer.forget(msg.rids)
         elif isinstance(msg, CacheQuery):
             self.outbox.send(self.encoder.encode(self._cache_report(msg)))
         else:
