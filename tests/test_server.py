@@ -585,6 +585,32 @@ def test_a_stop_while_the_scheduler_process_starts_exits_0(monkeypatch: pytest.M
     assert exited.value.code == 0
 
 
+def test_a_stop_while_the_http_stack_starts_waits_for_it_then_exits_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM while the front end imports and builds its HTTP stack lands once that is done: raised
+    inside an import, the KeyboardInterrupt left half-imported modules that broke the exit (-2, a hang)."""
+    from minisgl.cli import main
+    from minisgl.server import app, launch
+    from minisgl.server.engine_client import EngineClient
+
+    steps: list[str] = []
+
+    def load_tokenizer(model: str | None) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        steps.append("tokenizer")
+
+    monkeypatch.setattr(EngineClient, "spawn", lambda client: None)
+    monkeypatch.setattr(launch, "load_tokenizer", load_tokenizer)
+    monkeypatch.setattr(app, "create_app", lambda ctx, url: steps.append("app"))
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            main(["serve", "--port", str(_free_port())])
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    assert exited.value.code == 0
+    assert steps == ["tokenizer", "app"]  # the rest of the start-up ran before the stop was raised
+
+
 def test_sigterm_while_starting_stops_the_scheduler_and_exits_0(tmp_path: Path) -> None:
     """The scheduler process starts before the front end's own start-up: a stop requested meanwhile
     stops it too, before the model has loaded."""

@@ -9,6 +9,8 @@ import argparse
 import logging
 import signal
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
@@ -30,6 +32,24 @@ def model_name(model: str | None) -> str:
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
+
+
+@contextmanager
+def _stops_deferred() -> Iterator[None]:
+    """A SIGINT or SIGTERM during the block is remembered and raised as a KeyboardInterrupt once the block
+    is done. Raised inside an import, it would leave half-imported modules behind (anyio's, seen), which can
+    break the interpreter's exit; the block's imports take seconds at most. (A signal mask would not do:
+    the kernel hands the signal to another thread, zmq's, and Python still runs its handler.)"""
+    requested: list[int] = []
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: requested.append(signum)) for s in stops}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if requested:
+        raise KeyboardInterrupt
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -63,27 +83,29 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     client = EngineClient(config, on_engine_death, args.stream_interval_ms / 1000, level)
     try:
-        client.spawn()  # a stop that lands while it starts the process is a requested stop too
-        # Imported once the scheduler process is loading the model: the HTTP stack and the tokenizer
-        # (transformers) take seconds to import, on the other core.
-        import uvicorn
+        with _stops_deferred():  # a stop requested meanwhile lands once this is done, as a KeyboardInterrupt
+            client.spawn()
+            # Imported once the scheduler process is loading the model: the HTTP stack and the tokenizer
+            # (transformers) take seconds to import, on the other core.
+            import uvicorn
 
-        from minisgl.server.app import create_app
-        from minisgl.server.context import ServerContext
-        from minisgl.server.metrics import ServerMetrics
+            from minisgl.server.app import create_app
+            from minisgl.server.context import ServerContext
+            from minisgl.server.metrics import ServerMetrics
 
-        ctx = ServerContext(
-            client=client,
-            tokenizer=load_tokenizer(config.model),
-            metrics=ServerMetrics(lambda: client.stats),
-            model_name=args.served_model_name or model_name(args.model),
-            api_key=api_key,
-            max_body_bytes=args.max_body_bytes,
-        )
-        app = create_app(ctx, f"http://{args.host}:{args.port}")
-        server = uvicorn.Server(
-            uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
-        )
+            ctx = ServerContext(
+                client=client,
+                tokenizer=load_tokenizer(config.model),
+                metrics=ServerMetrics(lambda: client.stats),
+                model_name=args.served_model_name or model_name(args.model),
+                api_key=api_key,
+                max_body_bytes=args.max_body_bytes,
+            )
+            app = create_app(ctx, f"http://{args.host}:{args.port}")
+            http_config = uvicorn.Config(
+                app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
+            )
+            server = uvicorn.Server(http_config)
         try:
             server.run(sockets=[sock])
         except SystemExit:  # uvicorn's exit when start-up failed (the model did not load); the log says why
