@@ -227,8 +227,8 @@ def test_paged_attention_of_a_request_is_the_same_alone_as_in_a_batch(
 ) -> None:
     """Bit for bit, however the batch's work is cut into tasks (by KV heads, whole rows, or chunks of a
     long request's keys, merged after): the greedy tokens of a request must not depend on who else is
-    decoding. Short rows are read whole from two requests a thread, by head alone: both thread counts
-    compare the two."""
+    decoding. With short rows the batch of four is read by whole rows at one and at two threads (two
+    requests a thread or more), a request alone by heads: each thread count compares the two."""
     g = torch.Generator().manual_seed(d)
     slots, lens = 4096, [2000, 3, 129, 700]
     k_pool, v_pool = (torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2))
