@@ -119,7 +119,7 @@ class SchedulerLoop:
                 # Answered before the forward pass, which can be long: a 400 or a stream start waits for this.
                 self.outbox.send(self.encoder.encode(answers))
             if self.scheduler.has_work:
-                if self._prefill_next():
+                if self.pacer.held.tokens and self._prefill_next():
                     self._send_held()  # held tokens would otherwise wait for a whole prefill pass
                 if self.pacer.add(self._step()) or not self.scheduler.has_work:
                     self._send_held()
