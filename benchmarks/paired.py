@@ -98,6 +98,11 @@ COLUMNS = (
 )  # fmt: skip
 
 
+def seconds(wall: float) -> str:
+    """Two decimals; two significant digits under 0.1 s, so a tiny model's runs do not print as 0.00."""
+    return f"{wall:.2f}" if wall >= 0.1 else f"{wall:.2g}"
+
+
 def report(
     walls: Walls,
     others: dict[tuple[str, str, int], float | None],
@@ -110,7 +115,7 @@ def report(
     for w in workloads:
         ratios = speed_ratios(walls, systems, w, rounds)
         for s in systems:
-            runs = " / ".join(f"{walls[s, w, r]:.2f}" for r in range(rounds))
+            runs = " / ".join(seconds(walls[s, w, r]) for r in range(rounds))
             per_round = " / ".join(f"{x:.2f}" for x in ratios[s])
             busiest = max((others[s, w, r] or 0.0) for r in range(rounds))
             lines.append(

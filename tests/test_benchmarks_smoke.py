@@ -179,6 +179,7 @@ def test_paired_ratios_alternate_the_order_and_compare_within_a_round() -> None:
     assert paired.speed_ratios(walls, ["a", "b"], "w", 2) == {"a": [1.0, 1.0], "b": [0.5, 2.0]}
     table = paired.report(walls, {key: 0.0 for key in walls}, ["a", "b"], ["w"], 2)
     assert table[-1] == "| w | b | 4.00 / 3.00 | 0.50 / 2.00 | **1.25** | 0.50-2.00 | 0.0 |"
+    assert [paired.seconds(x) for x in (12.345, 0.1, 0.0041)] == ["12.35", "0.10", "0.0041"]  # a tiny run is not 0.00
 
 
 @pytest.mark.skipif(not server_available(), reason="this checkout has no minisgl/server")
