@@ -8,8 +8,10 @@ their size (issue #21: the same within 10%). *weight bytes/step*: what each ``Li
 row (``benchmarks.roofline.weight_bytes_per_step``: the quantized buffers; the embedding is a
 lookup); *KV bytes/step*: the cache entries a step attends over, on average (not in GB/s: small at
 these lengths). *single call*: whether every decode step of the warm-up ran the layers as one C call
-(``decode_layer.c``); *of bandwidth*: GB/s against the higher of two streaming reads of this
-machine's memory, before and after the runs.
+(``decode_layer.c``); *read GB/s*: the higher of two streaming reads of this machine's memory
+(``benchmarks.hardware_peak.memory_bandwidth``), one just before the timed decode and one just after
+it, with the model loaded: this VM's bandwidth moves with its neighbours' load (by 30% within minutes),
+so each run is set against the reads beside it; *of bandwidth*: GB/s over that.
 
 With ``--repeats N`` the whole sequence (every kernels choice, every model) runs N times, and a
 summary gives each figure's median over the repeats: this VM's run-to-run spread is larger than the
@@ -77,9 +79,11 @@ def measure(model: str, kernels: str, prompt_len: int, output_len: int, seed: in
         llm.flush_cache()
         fused_steps, warm_steps = count_single_call_steps(llm, prompt)
         llm.flush_cache()
+        read_before = memory_bandwidth(0.5)
         before = vars(llm.scheduler.stats).copy()
         llm.generate([prompt], SamplingParams(max_tokens=output_len, ignore_eos=True), use_tqdm=False)
         stats = {k: v - before[k] for k, v in vars(llm.scheduler.stats).items()}
+        read_after = memory_bandwidth(0.5)
         cfg = engine.model_config
         kv_bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * engine.pool.k.element_size()
         weight_bytes = weight_bytes_per_step(llm, rows=1)
@@ -88,13 +92,17 @@ def measure(model: str, kernels: str, prompt_len: int, output_len: int, seed: in
         llm.shutdown()
         gc.collect()  # the next model loads into the memory this one held
     steps, seconds = stats["decode_steps"], stats["decode_seconds"]
+    weight_gbps = weight_bytes * steps / seconds / 1e9
+    read_gbps = max(read_before, read_after) / 1e9
     return {
         "kernels": variant,
         "single_call": warm_steps > 0 and fused_steps == warm_steps,
         "tok_s": stats["decode_tokens"] / seconds,
         "weight_bytes": weight_bytes,
         "kv_bytes": kv_bytes_per_token * stats["decode_kv_tokens"] / steps,
-        "weight_gbps": weight_bytes * steps / seconds / 1e9,
+        "weight_gbps": weight_gbps,
+        "read_gbps": read_gbps,
+        "of_bandwidth": weight_gbps / read_gbps,
     }
 
 
@@ -112,7 +120,6 @@ def main(argv: list[str] | None = None) -> None:
         resolve_scale_model(model)
     print(machine_info(torch.get_num_threads()))
     print(f"load average before: {load_average()}")
-    before = memory_bandwidth(0.5)
     print(f"one request: {args.prompt_len}-token prompt -> {args.output_len} tokens")
     results = {
         (repeat, kernels, model): measure(model, kernels, args.prompt_len, args.output_len)
@@ -120,42 +127,38 @@ def main(argv: list[str] | None = None) -> None:
         for kernels in args.kernels
         for model in args.models
     }
-    # This VM's read bandwidth moves with its neighbours' load: the roofline is the higher of two
-    # streaming reads, one before the runs and one after.
-    after = memory_bandwidth(0.5)
-    bandwidth = max(before, after)
 
     def per_byte(repeat: int, kernels: str, model: str) -> float:  # against the first model, same repeat
         return results[repeat, kernels, model]["weight_gbps"] / results[repeat, kernels, args.models[0]]["weight_gbps"]
 
     print(
         "| repeat | model | kernels | single call | decode tok/s | weight bytes/step | KV bytes/step | GB/s "
-        "| of bandwidth | GB/s vs the first model |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| read GB/s | of bandwidth | GB/s vs the first model |\n|---|---|---|---|---|---|---|---|---|---|---|"
     )
     for (repeat, kernels, model), r in results.items():
         print(
             f"| {repeat + 1} | {model} | {kernels}: {r['kernels']} | {'yes' if r['single_call'] else 'no'} | "
             f"{r['tok_s']:.1f} | {r['weight_bytes'] / 1e6:.0f} MB | {r['kv_bytes'] / 1e6:.1f} MB | "
-            f"{r['weight_gbps']:.2f} | {r['weight_gbps'] * 1e9 / bandwidth:.0%} | {per_byte(repeat, kernels, model):.2f} |"
+            f"{r['weight_gbps']:.2f} | {r['read_gbps']:.1f} | {r['of_bandwidth']:.0%} | "
+            f"{per_byte(repeat, kernels, model):.2f} |"
         )
-    print(
-        f"streaming read: {before / 1e9:.1f} GB/s before the runs, {after / 1e9:.1f} GB/s after; the higher is the roofline"
-    )
     repeats = range(args.repeats)
     print(
-        f"\nmedians over {args.repeats} repeat(s)\n| model | kernels | decode tok/s | of bandwidth | GB/s vs the first "
-        "model | step time vs the first kernels |\n|---|---|---|---|---|---|"
+        f"\nmedians over {args.repeats} repeat(s)\n| model | kernels | decode tok/s | of bandwidth (range) | GB/s vs the "
+        "first model | step time vs the first kernels (range) |\n|---|---|---|---|---|---|"
     )
     for kernels in args.kernels:
         for model in args.models:
             tok_s = statistics.median(results[i, kernels, model]["tok_s"] for i in repeats)
-            share = statistics.median(results[i, kernels, model]["weight_gbps"] for i in repeats) * 1e9 / bandwidth
-            slower = statistics.median(
+            shares = [results[i, kernels, model]["of_bandwidth"] for i in repeats]
+            slower = [
                 results[i, args.kernels[0], model]["tok_s"] / results[i, kernels, model]["tok_s"] for i in repeats
-            )
+            ]
+            share = f"{statistics.median(shares):.0%} ({min(shares):.0%}-{max(shares):.0%})"
             print(
-                f"| {model} | {kernels} | {tok_s:.1f} | {share:.0%} | "
-                f"{statistics.median(per_byte(i, kernels, model) for i in repeats):.2f} | {slower:.2f}x |"
+                f"| {model} | {kernels} | {tok_s:.1f} | {share} | "
+                f"{statistics.median(per_byte(i, kernels, model) for i in repeats):.2f} | "
+                f"{statistics.median(slower):.2f}x ({min(slower):.2f}-{max(slower):.2f}) |"
             )
     print(f"load average after: {load_average()}")
 

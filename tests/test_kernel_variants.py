@@ -114,7 +114,8 @@ def coarse_marks(rows: int, g: torch.Generator) -> list[torch.Tensor]:
 
 
 # One tile part-filled (1, 37, 100, 21 rows); past 1,024 columns (32 groups) many rows of x are summed
-# in spans of groups; 96 columns: an odd number of groups.
+# in spans of groups, and past 256 (8) a few rows' two vectors of a tile take turns (256-bit builds);
+# 96 columns: an odd number of groups.
 @pytest.mark.parametrize("n, k", [(1, 64), (37, 96), (100, 576), (21, 2048 + 64)])
 def test_int4_product_is_its_reference_bit_for_bit(kernels: CpuKernels, n: int, k: int) -> None:
     g = torch.Generator().manual_seed(n + k)
@@ -139,7 +140,7 @@ def test_int4_product_is_its_reference_bit_for_bit(kernels: CpuKernels, n: int, 
     assert torch.equal(simd(x), torch.zeros(3, n))
 
 
-# 40 columns: padded to 64 (two groups); 2,080: past a span of 32 groups.
+# 40 columns: padded to 64 (two groups); 2,080: past a span of 32 groups and many turns of 8.
 @pytest.mark.parametrize("n, k", [(1, 32), (65, 96), (17, 40), (7, 2048 + 32)])
 def test_int8_product_is_its_reference_bit_for_bit(kernels: CpuKernels, n: int, k: int) -> None:
     g = torch.Generator().manual_seed(n + k)

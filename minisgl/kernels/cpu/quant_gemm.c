@@ -52,6 +52,7 @@
 #define GEMM_ROWS 8    // rows of x per register tile
 #define BLOCK_TILES 8  // tiles a register tile of x runs against while in L1 (their span's codes: L2)
 #define SPAN 32        // groups per pass over the rows of x: a span's codes and a register tile's x stay in L1
+#define TURN 8         // one row of x, 256-bit registers: groups a tile's first vector of rows runs before its second
 // Bytes ahead in a tile's codes that the loop asks for (the stream's next 4-8 groups), and as many groups ahead
 // in its scales and minimums: one row of x is bound by these streams (benchmarks.decode_per_byte).
 #define PREFETCH 2048
@@ -472,6 +473,14 @@ GEMM_TILES(4, 2)
 GEMM_TILES(8, 1)
 GEMM_TILES(8, 2)
 
+// Whether rows r0 .. r0 + R of x are all marked coarse.
+static int all_coarse(const uint8_t *coarse, int64_t r0, int64_t R) {
+    if (coarse == NULL) return 0;
+    for (int64_t r = r0; r < r0 + R; r++)
+        if (!coarse[r]) return 0;
+    return 1;
+}
+
 // Every row of x against every tile of a BITS-bit weight (rows_of's codes, scale, minimum).
 static int gemm(int bits, const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const void *codes,
                 const void *scale, const uint16_t *minimum, int64_t N, float *y, int threads) {
@@ -486,22 +495,35 @@ static int gemm(int bits, const float *x, const uint8_t *coarse, int64_t rows, i
     const TileFn *precise = bits == 4 ? gemm_tiles_4_2 : gemm_tiles_8_2;
     const TileFn *one_digit = bits == 4 ? gemm_tiles_4_1 : gemm_tiles_8_1;
     const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE;
-    // One register tile of rows reads each code once: no span of groups, so a tile's codes are one stream.
-    const int64_t span = rows > GEMM_ROWS ? SPAN : groups;
     // Each register tile of x is run against a block of up to BLOCK_TILES tiles while it is in L1; the
     // blocks come in a multiple of the threads, so that each thread gets the same number.
     const int64_t blocks = threads * ((tiles + threads * BLOCK_TILES - 1) / (threads * BLOCK_TILES));
     const int64_t block = (tiles + blocks - 1) / blocks;
+    if (rows <= GEMM_ROWS) {
+        // One register tile of x reads each code once: tile by tile, a tile's codes as one stream. Where a
+        // tile is two vectors of rows (256-bit registers) they take turns every TURN groups, the second
+        // on the lines the first just brought in; one vector through a whole tile and then the other would
+        // leave the memory idle while the second computes, the prefetch having nothing new ahead of it.
+        const int64_t turn = PARTS > 1 ? TURN : groups;
+        const TileFn run = (all_coarse(coarse, 0, rows) ? one_digit : precise)[rows];
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t b = 0; b < blocks; b++)
+            for (int64_t t = b * block; t < min64(b * block + block, tiles); t++)
+                for (int64_t g0 = 0; g0 < groups; g0 += turn)
+                    for (int64_t part = 0; part < PARTS; part++) {
+                        const Rows w = rows_of(bits, codes, scale, minimum, groups, N, t, part);
+                        if (w.live > 0) run(K, &w, &xr, 0, g0, min64(g0 + turn, groups), N, y);
+                    }
+        return KERNELS_OK;
+    }
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t t0 = b * block, t1 = min64(t0 + block, tiles);
-        for (int64_t g0 = 0; g0 < groups; g0 += span) {
-            const int64_t g1 = min64(g0 + span, groups);
+        for (int64_t g0 = 0; g0 < groups; g0 += SPAN) {
+            const int64_t g1 = min64(g0 + SPAN, groups);
             for (int64_t r0 = 0; r0 < rows; r0 += GEMM_ROWS) {
                 const int64_t R = min64(GEMM_ROWS, rows - r0);
-                int all_coarse = coarse != NULL;
-                for (int64_t r = r0; r < r0 + R && all_coarse; r++) all_coarse = coarse[r];
-                const TileFn run = (all_coarse ? one_digit : precise)[R];
+                const TileFn run = (all_coarse(coarse, r0, R) ? one_digit : precise)[R];
                 for (int64_t t = t0; t < t1; t++)
                     for (int64_t part = 0; part < PARTS; part++) {
                         const Rows w = rows_of(bits, codes, scale, minimum, groups, N, t, part);
