@@ -57,6 +57,12 @@ MAX_PADDING_COST = 1.5
 # and the shared-prefix hit rate against a ratio of 1: ``python -m benchmarks.window_memory``.
 WINDOW_KV_RATIO = 0.15
 
+# A decoding request that needs a KV slot gets this many positions' slots at once (``CacheManager``),
+# so that its keys lie in runs of the pool: decode attention reads consecutive slots faster than
+# scattered ones. Decode step time with 16 requests: ``python -m benchmarks.throughput_sweep
+# --batch-sizes 16 32``.
+DECODE_RUN = 32
+
 # -- prefill planning (``scheduler/prefill.py``, ``config.py``) --------------------------------------
 # Token budget of one prefill pass (``EngineConfig.max_prefill_tokens``'s default): longer prompts are
 # chunked. Time to first token under load by prompt length: ``python -m benchmarks.mixed_load``;

@@ -12,6 +12,7 @@ from tiny_models import VOCAB, build_tiny_model
 from transformers import AutoModelForCausalLM
 
 from minisgl import LLM, SamplingParams
+from minisgl.tuning import DECODE_RUN
 
 MAX_TOKENS = 12
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -80,3 +81,28 @@ def test_pool_smaller_than_workload_still_completes(tiny: Path) -> None:
     expected = [o["token_ids"] for o in LLM(str(tiny), num_page_override=4096).generate(PROMPTS, GREEDY, use_tqdm=False)]
     assert [o["token_ids"] for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected
     assert_idle_balanced(llm)
+
+
+def test_a_decoding_batch_keeps_each_request_s_keys_in_runs(tmp_path: Path) -> None:
+    """A decoding request takes DECODE_RUN positions' KV slots at once (within its reservation): its
+    keys lie in runs of the pool, not a batch apart; the tokens and the accounting stay the same."""
+    tiny = build_tiny_model("llama", tmp_path / "llama")
+    prompts = random_prompts(1, (5, 9, 3, 7))
+    params = SamplingParams(max_tokens=DECODE_RUN + 8, ignore_eos=True)
+    llm = LLM(str(tiny), num_page_override=1024)
+    sched = llm.scheduler
+    reqs = [sched.make_request(i, ids, params) for i, ids in enumerate(prompts)]
+    for req in reqs:
+        sched.add(req)
+    for _ in range(DECODE_RUN + 1):  # the prefill pass, then DECODE_RUN decode steps
+        sched.step()
+    table = sched.cache_manager.table.page_table
+    for req, ids in zip(reqs, prompts):
+        run = table[req.row, len(ids) : len(ids) + DECODE_RUN]
+        assert torch.equal(run, run[0] + torch.arange(DECODE_RUN)), req.rid
+        assert req.allocated_len == len(ids) + DECODE_RUN  # the run's end: no more yet
+    while sched.has_work:
+        sched.step()
+    assert_idle_balanced(llm)
+    fresh = LLM(str(tiny), num_page_override=1024)
+    assert [r.output_ids for r in reqs] == [o["token_ids"] for o in fresh.generate(prompts, params, use_tqdm=False)]

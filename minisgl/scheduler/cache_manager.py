@@ -6,6 +6,8 @@ What happens to each region of a request (see ``Req`` for the regions):
 |------------------|---------------------------------|------------------------------------|-----------------------------|
 | admission        | matched in the cache, locked    | —                                  | allocated (prompt pages)    |
 | prefill chunk    | whole pages of the computed     | unaligned tail stays the request's | kept                        |
+| decode step      | —                               | —                                  | when used up, DECODE_RUN    |
+|                  |                                 |                                    | positions' more at once     |
 | ends (`commit`)  | part inserted; duplicates of    |                                    |                             |
 |                  | pages another request inserted  |                                    |                             |
 |                  | first are freed and the row     |                                    |                             |
@@ -42,6 +44,7 @@ from minisgl.kvcache.base import PrefixCache
 from minisgl.kvcache.table import TableManager
 from minisgl.kvcache.window import WindowSlots
 from minisgl.request import Req
+from minisgl.tuning import DECODE_RUN
 
 _NO_SLOTS = torch.empty(0, dtype=torch.int64)
 
@@ -134,8 +137,12 @@ class CacheManager:
 
     # -- allocation ----------------------------------------------------------------------------
     def allocate(self, reqs: list[Req], lengths: list[int]) -> None:
-        """Give each request KV slots for positions up to its entry in ``lengths``."""
-        num_pages = [max(0, align_up(n, self.page_size) - r.allocated_len) // self.page_size for r, n in zip(reqs, lengths)]
+        """Give each request KV slots for positions up to its entry in ``lengths`` (or further:
+        ``_run_end``)."""
+        ends = [self._run_end(r, n) for r, n in zip(reqs, lengths)]
+        num_pages = [
+            max(0, align_up(n, self.page_size) - r.allocated_len) // self.page_size for r, n in zip(reqs, ends)
+        ]
         pages = self._take_pages(sum(num_pages))
         slots = (pages.unsqueeze(1) * self.page_size + self._page_offsets).flatten()
         start = 0
@@ -149,6 +156,16 @@ class CacheManager:
         self._reserved -= len(slots)
         if self.window is not None:
             self._place_window(reqs, lengths)
+
+    @staticmethod
+    def _run_end(req: Req, length: int) -> int:
+        """Where ``req``'s slots end after an allocation up to ``length``. A decoding request that runs
+        out gets ``DECODE_RUN`` positions' worth at once, out of the slots reserved for its lifetime: a
+        batch's decode steps would otherwise deal one slot to each request in turn, its keys would lie a
+        batch apart in the pool, and decode attention reads scattered keys slower than consecutive ones."""
+        if req.is_prefilling or length <= req.allocated_len:
+            return length
+        return max(length, min(req.allocated_len + DECODE_RUN, req.max_kv_len))
 
     def _place_window(self, reqs: list[Req], lengths: list[int]) -> None:
         """Before a pass computing each request's positions up to its entry in ``lengths``: release
@@ -273,7 +290,9 @@ class CacheManager:
         window.check_integrity()
         holders = torch.zeros(len(window.slot_of), dtype=torch.bool)
         holders[torch.cat([_NO_SLOTS, owned, *self.cache.slots_by_age()])] = True
-        assert not bool(window.present(torch.arange(len(holders))[~holders]).any()), "a free KV slot holds a window slot"
+        assert not bool(window.present(torch.arange(len(holders))[~holders]).any()), (
+            "a free KV slot holds a window slot"
+        )
         for req in running:
             first = max(0, req.device_len - window.window + 1)
             slots = self.table.page_table[req.row, first : req.device_len].cpu()
