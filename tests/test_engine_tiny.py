@@ -89,7 +89,8 @@ def test_a_decoding_batch_keeps_each_request_s_keys_in_runs(tmp_path: Path) -> N
     tiny = build_tiny_model("llama", tmp_path / "llama")
     prompts = random_prompts(1, (5, 9, 3, 7))
     params = SamplingParams(max_tokens=DECODE_RUN + 8, ignore_eos=True)
-    llm = LLM(str(tiny), num_page_override=1024)
+    # One token a step: drafts (accepted at a pace set by timing) would end the requests sooner.
+    llm = LLM(str(tiny), num_page_override=1024, speculative_algorithm="none")
     sched = llm.scheduler
     reqs = [sched.make_request(i, ids, params) for i, ids in enumerate(prompts)]
     for req in reqs:
@@ -98,6 +99,7 @@ def test_a_decoding_batch_keeps_each_request_s_keys_in_runs(tmp_path: Path) -> N
         sched.step()
     table = sched.cache_manager.table.page_table
     for req, ids in zip(reqs, prompts):
+        assert req.row >= 0 and not req.is_prefilling, req.rid  # still running
         run = table[req.row, len(ids) : len(ids) + DECODE_RUN]
         assert torch.equal(run, run[0] + torch.arange(DECODE_RUN)), req.rid
         assert req.allocated_len == len(ids) + DECODE_RUN  # the run's end: no more yet
