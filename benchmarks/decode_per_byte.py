@@ -10,8 +10,8 @@ lookup); *KV bytes/step*: the cache entries a step attends over, on average (not
 these lengths). *single call*: whether every decode step of the warm-up ran the layers as one C call
 (``decode_layer.c``); *read GB/s*: the higher of two streaming reads of this machine's memory
 (``benchmarks.hardware_peak.memory_bandwidth``), one just before the timed decode and one just after
-it, with the model loaded: this VM's bandwidth moves with its neighbours' load (by 30% within minutes),
-so each run is set against the reads beside it; *of bandwidth*: GB/s over that.
+it, with the model loaded: a VM's bandwidth moves with its neighbours' load within minutes, so each
+run is set against the reads beside it; *of bandwidth*: GB/s over that.
 
 With ``--repeats N`` the whole sequence (every kernels choice, every model) runs N times, and a
 summary gives each figure's median over the repeats: this VM's run-to-run spread is larger than the

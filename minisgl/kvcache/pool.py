@@ -50,7 +50,7 @@ class KVPool:
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A zeroed tensor. On the CPU from the kernel's zero pages (numpy's calloc): the pool costs no time
     at start and its memory is taken as slots are first written, where ``torch.zeros`` writes every page
-    of it first (a second or more of a start at the 1.7B scale model's default pool)."""
+    of it before the server can answer (``python -m benchmarks.cold_start --server``)."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     same_width = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[dtype.itemsize]

@@ -290,9 +290,7 @@ class CacheManager:
         window.check_integrity()
         holders = torch.zeros(len(window.slot_of), dtype=torch.bool)
         holders[torch.cat([_NO_SLOTS, owned, *self.cache.slots_by_age()])] = True
-        assert not bool(window.present(torch.arange(len(holders))[~holders]).any()), (
-            "a free KV slot holds a window slot"
-        )
+        assert not bool(window.present(torch.arange(len(holders))[~holders]).any()), "a free KV slot holds a window slot"
         for req in running:
             first = max(0, req.device_len - window.window + 1)
             slots = self.table.page_table[req.row, first : req.device_len].cpu()
