@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             for w in workloads:
                 for name in order(names, r):
                     walls[name, w.name, r], others[name, w.name, r] = runners[name](w)
-                    print(f"round {r + 1} {w.name:13s} {name:24s} {walls[name, w.name, r]:6.2f} s", file=sys.stderr)
+                    print(f"round {r + 1} {w.name:13s} {name:24s} {seconds(walls[name, w.name, r]):>6s} s", file=sys.stderr)
     header.append(f"- Load average at end: {load_average()}")
     table = report(walls, others, names, [w.name for w in workloads], args.repeats)
     text = "\n".join([*header, "", *table])

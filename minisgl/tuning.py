@@ -59,8 +59,9 @@ WINDOW_KV_RATIO = 0.15
 
 # A decoding request that needs a KV slot gets this many positions' slots at once (``CacheManager``),
 # so that its keys lie in runs of the pool: decode attention reads consecutive slots faster than
-# scattered ones. Decode step time with 16 requests: ``python -m benchmarks.throughput_sweep
-# --batch-sizes 16 32``.
+# scattered ones. Measured with 16 requests at 135M, runs of 1 against 32 alternating in one process
+# (``docs/benchmarks/session18-amd/kernels.md``); decode tok/s by batch after a change:
+# ``python -m benchmarks.throughput_sweep --batch-sizes 16 32``.
 DECODE_RUN = 32
 
 # -- prefill planning (``scheduler/prefill.py``, ``config.py``) --------------------------------------
