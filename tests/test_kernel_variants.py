@@ -313,6 +313,35 @@ def test_prefill_attention_is_the_same_chunked(kernels: CpuKernels) -> None:
     assert torch.equal(tail, whole[split:])
 
 
+@pytest.mark.parametrize("heads, kv_heads, d", [(32, 32, 64), (9, 3, 64)])
+def test_prefill_attention_of_requests_sharing_a_prefix_is_each_one_s_alone(
+    kernels: CpuKernels, heads: int, kv_heads: int, d: int
+) -> None:
+    """Requests that extend one cached prefix (the same slots from position 0, as after a radix-cache
+    hit) have the keys they share with the request before them packed once per call: each request's
+    rows are the same bit for bit as in a call of its own. One shares an odd number of slots, one
+    none, one shares its predecessor's slots past that request's own keys."""
+    if not kernels.runs_prefill_attention:
+        pytest.skip(f"the {kernels.variant.name} build has no prefill attention body (it needs AVX-512 BF16)")
+    g = torch.Generator().manual_seed(d)
+    slots, shapes = 2000, [(100, 30), (100, 9), (57, 40), (0, 20), (120, 3), (60, 1)]
+    k_pool, v_pool = (torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2))
+    cached = torch.randperm(slots, generator=g)[:300]
+    kv_slots = torch.stack([torch.cat([cached[:prefix], torch.randperm(slots, generator=g)[: 300 - prefix]])
+                            for prefix, _ in shapes])  # fmt: skip
+    kv_slots[5, :130] = kv_slots[4, :130]  # request 5's keys all request 4's
+    new_lens, prefix_lens = torch.tensor([n for _, n in shapes]), torch.tensor([p for p, _ in shapes])
+    q = torch.randn(int(new_lens.sum()), heads, d, generator=g)
+    q_starts = torch.cumsum(new_lens, 0) - new_lens
+    together = kernels.prefill_attention(q, k_pool, v_pool, kv_slots, q_starts, new_lens, prefix_lens)
+    for b, (prefix, n) in enumerate(shapes):
+        rows = slice(int(q_starts[b]), int(q_starts[b]) + n)
+        alone = kernels.prefill_attention(
+            q[rows].contiguous(), k_pool, v_pool, kv_slots[b : b + 1], *(torch.tensor([x]) for x in (0, n, prefix))
+        )
+        assert torch.equal(alone, together[rows]), b
+
+
 @pytest.mark.parametrize("tokens, heads, d", [(1, 12, 64), (37, 4, 16), (300, 3, 128)])
 def test_rotary_is_torch_rope_bit_for_bit(kernels: CpuKernels, tokens: int, heads: int, d: int) -> None:
     """On a view into a wider fused QKV row, as the attention layer hands it over, over more

@@ -6,12 +6,15 @@
 // prefix is cached. The SIMD body multiplies in bf16 with fp32 sums (AVX-512 BF16's vdpbf16ps: two
 // bf16 products per fp32 lane, twice an fp32 FMA's work), as vLLM's and llama.cpp's 16-bit
 // attention do: the queries and the softmax weights are rounded to bf16, the keys and values are
-// the pool's own bf16. Each (request, KV head) has its keys and values packed once into the layouts
-// vdpbf16ps pairs, then blocks of ROWS query rows (token, query head of the group) are split over
-// the threads: a block's scores for all the keys it sees (a two-pass softmax, no rescaling), its
-// weights rounded to bf16, then the weighted values. A row sees the same keys in the same order
-// whatever the pass it is in, so a token's attention is the same, bit for bit, in one pass or
-// chunked, with its prefix cached or not.
+// the pool's own bf16. Each request's keys and values are packed once into the layouts vdpbf16ps
+// pairs, all its KV heads in one pass over its pool rows (a head's slice of a row is only d values, a
+// row apart from the next key's), and only past the slots it shares with the request before it: the
+// requests of one pass often extend the same cached prefix, which would otherwise be packed again for
+// each. Then blocks of ROWS query rows (token, query head of the group) are split over the threads: a
+// block's scores for all the keys it sees (a two-pass softmax, no rescaling), its weights rounded to
+// bf16, then the weighted values. A row sees the same keys in the same order whatever the pass it is
+// in, so a token's attention is the same, bit for bit, in one pass or chunked, with its prefix cached
+// or not, alone or beside requests that share it.
 
 #include <math.h>
 #include <stdint.h>
@@ -87,32 +90,45 @@ int prefill_attention_ref(const float *q, int64_t tokens, int64_t heads, int64_t
 #define KEYS 32      // keys per step of the scores (two vectors), and the padding of every key count
 #define CHUNKS 4     // value vectors (16 dimensions each) a row's weighted sum holds at once
 #define ROW_GROUP 4  // rows whose weighted sums run together: ROW_GROUP x CHUNKS accumulators
+#define PACKED_BYTES (16 << 20)  // the packed keys and values of a round of heads, at most (one head at least)
 
 int prefill_attention_runs(void) { return __builtin_cpu_supports("avx512bf16") != 0; }
 
 static inline int64_t padded(int64_t n) { return (n + KEYS - 1) / KEYS * KEYS; }
 
-// Keys first..last (multiples of KEYS) of KV head h packed for the scores: per block of 16 keys and pair
-// of dimensions, the 16 keys' pairs side by side (keys past n are zero).
-static void pack_keys(const uint16_t *pool, const int64_t *slots, int64_t kv_heads, int64_t h, int64_t d,
-                      int64_t n, int64_t first, int64_t last, uint16_t *packed) {
-    for (int64_t j = first; j < last; j++) {
-        const uint16_t *key = pool + (slots[j < n ? j : 0] * kv_heads + h) * d;
-        uint16_t *block = packed + (j / 16) * 16 * d + (j % 16) * 2;
-        for (int64_t i = 0; i < d; i += 2) {
-            block[i * 16] = j < n ? key[i] : 0;
-            block[i * 16 + 1] = j < n ? key[i + 1] : 0;
+// Keys j .. j + 1 (j even) of KV heads h0 .. h1 packed, each head's into its own ld x d part of `keys` and
+// `values`, read as whole pool rows (keys at or past n are zeros):
+// - keys, for the scores: per block of 16 keys and pair of dimensions, the 16 keys' pairs side by side;
+// - values, for the weighted sums: per pair of keys, each dimension's two values side by side.
+BF16 static void pack_pair(const uint16_t *k_pool, const uint16_t *v_pool, const int64_t *slots, int64_t kv_heads,
+                           int64_t h0, int64_t h1, int64_t d, int64_t n, int64_t j, int64_t ld, uint16_t *keys,
+                           uint16_t *values) {
+    static const uint16_t interleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                            8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i order = _mm512_loadu_si512(interleave);
+    for (int64_t h = h0; h < h1; h++) {
+        const uint16_t *key[2], *value[2];
+        for (int u = 0; u < 2; u++) {
+            const int64_t at = (slots[j + u < n ? j + u : 0] * kv_heads + h) * d;
+            key[u] = k_pool + at, value[u] = v_pool + at;
         }
-    }
-}
-
-// The values likewise for the weighted sums: per pair of keys, each dimension's two values side by side.
-static void pack_values(const uint16_t *pool, const int64_t *slots, int64_t kv_heads, int64_t h, int64_t d,
-                        int64_t n, int64_t first, int64_t last, uint16_t *packed) {
-    for (int64_t j = first; j < last; j++) {
-        const uint16_t *value = pool + (slots[j < n ? j : 0] * kv_heads + h) * d;
-        uint16_t *pair = packed + (j / 2) * 2 * d + (j % 2);
-        for (int64_t i = 0; i < d; i++) pair[i * 2] = j < n ? value[i] : 0;
+        uint16_t *head_keys = keys + (h - h0) * ld * d, *head_values = values + (h - h0) * ld * d;
+        for (int u = 0; u < 2; u++) {
+            uint16_t *block = head_keys + ((j + u) / 16) * 16 * d + ((j + u) % 16) * 2;
+            for (int64_t i = 0; i < d; i += 2) {
+                uint32_t pair = 0;  // a key's two dimensions as one word
+                if (j + u < n) memcpy(&pair, key[u] + i, sizeof pair);
+                memcpy(block + i * 16, &pair, sizeof pair);
+            }
+        }
+        uint16_t *pair = head_values + (j / 2) * 2 * d;
+        for (int64_t i = 0; i < d; i += 16) {
+            const __m256i first = j < n ? _mm256_loadu_si256((const __m256i *)(value[0] + i)) : _mm256_setzero_si256();
+            const __m256i second =
+                j + 1 < n ? _mm256_loadu_si256((const __m256i *)(value[1] + i)) : _mm256_setzero_si256();
+            const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);
+            _mm512_storeu_si512(pair + 2 * i, _mm512_permutexvar_epi16(order, both));
+        }
     }
 }
 
@@ -245,10 +261,26 @@ int prefill_attention(const float *q, int64_t tokens, int64_t heads, int64_t kv_
     for (int64_t b = 0; b < batch; b++)
         longest = prefix_lens[b] + new_lens[b] > longest ? prefix_lens[b] + new_lens[b] : longest;
     const int64_t ld = padded(longest);
+    // Heads packed at a time: all of them where their packed keys and values fit PACKED_BYTES (the whole
+    // request is then read row by row, once), else fewer a round.
+    const int64_t head_bytes = 2 * (int64_t)sizeof(uint16_t) * ld * d;
+    const int64_t round_heads = min64(kv_heads, head_bytes < PACKED_BYTES ? PACKED_BYTES / head_bytes : 1);
     static _Thread_local Scratch packing;  // the calling thread's: the packed keys and values, shared
-    uint16_t *packed_keys = scratch_reserve(&packing, sizeof(uint16_t) * 2 * (size_t)(ld * d));
+    uint16_t *packed_keys = scratch_reserve(&packing, (size_t)(round_heads * head_bytes));
     if (packed_keys == NULL) return KERNELS_NO_MEMORY;
-    uint16_t *packed_values = packed_keys + ld * d;
+    uint16_t *packed_values = packed_keys + round_heads * ld * d;
+    // Keys of request b already packed by request b - 1 (an even count): the slots they share from
+    // position 0, as requests extending one cached prefix do.
+    int64_t *kept = malloc(sizeof(int64_t) * (size_t)(batch > 0 ? batch : 1));
+    if (kept == NULL) return KERNELS_NO_MEMORY;
+    for (int64_t b = 0; b < batch; b++) {
+        int64_t same = 0;
+        if (b > 0) {
+            const int64_t most = min64(prefix_lens[b - 1] + new_lens[b - 1], prefix_lens[b] + new_lens[b]);
+            while (same < most && kv_slots[b * stride + same] == kv_slots[(b - 1) * stride + same]) same++;
+        }
+        kept[b] = same / 2 * 2;
+    }
     const int64_t group = heads / kv_heads;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
@@ -263,24 +295,28 @@ int prefill_attention(const float *q, int64_t tokens, int64_t heads, int64_t kv_
         }
         float *scores = (float *)(query + ROWS * d);
         uint16_t *weights = (uint16_t *)(scores + ROWS * ld);
-        for (int64_t b = 0; b < batch; b++)
-            for (int64_t h = 0; h < kv_heads; h++) {
+        for (int64_t h0 = 0; h0 < kv_heads; h0 += round_heads) {
+            const int64_t h1 = min64(h0 + round_heads, kv_heads);
+            for (int64_t b = 0; b < batch; b++) {
                 const int64_t n = prefix_lens[b] + new_lens[b];
                 const int64_t *slots_b = kv_slots + b * stride;
 #pragma omp for schedule(static)
-                for (int64_t j = 0; j < padded(n); j += KEYS) {
-                    pack_keys(k_pool, slots_b, kv_heads, h, d, n, j, j + KEYS, packed_keys);
-                    pack_values(v_pool, slots_b, kv_heads, h, d, n, j, j + KEYS, packed_values);
-                }
-                const Head head = {q, heads, group, d, h, q_starts[b], prefix_lens[b], new_lens[b] * group, scale,
-                                   packed_keys, packed_values, out};
-                const int64_t blocks = (head.rows + ROWS - 1) / ROWS;
-                // Largest first: the later rows see more keys.
+                for (int64_t j = kept[b]; j < padded(n); j += 2)
+                    pack_pair(k_pool, v_pool, slots_b, kv_heads, h0, h1, d, n, j, ld, packed_keys, packed_values);
+                const int64_t rows = new_lens[b] * group, blocks = (rows + ROWS - 1) / ROWS;
+                // Head after head, each one's largest blocks first: the later rows see more keys.
 #pragma omp for schedule(dynamic, 1)
-                for (int64_t task = 0; task < blocks; task++)
-                    if (query != NULL) attend_block(&head, (blocks - 1 - task) * ROWS, query, scores, weights, ld);
+                for (int64_t task = 0; task < (h1 - h0) * blocks; task++) {
+                    const int64_t h = h0 + task / blocks;
+                    const Head head = {q, heads, group, d, h, q_starts[b], prefix_lens[b], rows, scale,
+                                       packed_keys + (h - h0) * ld * d, packed_values + (h - h0) * ld * d, out};
+                    const int64_t first = (blocks - 1 - task % blocks) * ROWS;
+                    if (query != NULL) attend_block(&head, first, query, scores, weights, ld);
+                }
             }
+        }
     }
+    free(kept);
     return failed ? KERNELS_NO_MEMORY : KERNELS_OK;
 }
 
