@@ -14,6 +14,7 @@ from minisgl.kernels.ops import fast_compare_key
 from minisgl.kvcache.base import CacheHandle
 from minisgl.kvcache.radix_cache import RadixPrefixCache
 from minisgl.kvcache.registry import create_prefix_cache
+from minisgl.scheduler.cache_manager import FreePages
 
 
 def t(values: list[int] | range) -> torch.Tensor:
@@ -536,3 +537,31 @@ TestRadixCachePage1 = RadixCacheMachine.TestCase
 TestRadixCachePage1.settings = STATEFUL_SETTINGS
 TestRadixCachePage4 = RadixCacheMachinePage4.TestCase
 TestRadixCachePage4.settings = STATEFUL_SETTINGS
+
+
+# ---- the free KV pages --------------------------------------------------------------------------
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 12)), max_size=60))
+def test_free_pages_hand_out_never_used_pages_only_past_the_most_held(steps: list[tuple[bool, int]]) -> None:
+    """Against a plain model (the set of pages held): no page is handed out twice while held, the
+    count of free pages balances, and the pages ever handed out are always 0 .. the most ever held at
+    once: a first write to a page of the CPU pool faults, so the faults stay within the peak use."""
+    free = FreePages(40)
+    held: list[int] = []
+    ever: set[int] = set()
+    most = 0
+    for take, n in steps:
+        if take:
+            n = min(n, len(free))
+            pages = free.take(n).tolist()
+            assert len(pages) == n and not set(pages) & set(held) and len(set(pages)) == n
+            held += pages
+            ever |= set(pages)
+        else:
+            given_back, held = held[:n], held[n:]
+            free.give(t(given_back))
+        most = max(most, len(held))
+        assert len(free) == 40 - len(held)
+        assert ever == set(range(most))
+        assert sorted(free.pages().tolist() + held) == list(range(40))

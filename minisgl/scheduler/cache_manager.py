@@ -53,6 +53,36 @@ def align_up(n: int, page_size: int) -> int:
     return -(-n // page_size) * page_size
 
 
+class FreePages:
+    """The free KV pages, handed out pages that were used before first (in the order they were freed),
+    then never-used ones in page order. The CPU pool's memory is the kernel's zero pages until first
+    written (``kvcache/pool.py``), and a first write to a page faults: taking never-used pages only when
+    no used one is free keeps those faults to the most KV ever held at once, not one pass through the
+    whole pool, and the pool's resident memory to what the workload needs."""
+
+    def __init__(self, num_pages: int) -> None:
+        self.num_pages = num_pages
+        self._used = torch.empty(0, dtype=torch.int64)  # freed after use, oldest first
+        self._next_fresh = 0  # pages from here on were never handed out
+
+    def __len__(self) -> int:
+        return len(self._used) + self.num_pages - self._next_fresh
+
+    def take(self, n: int) -> torch.Tensor:
+        assert n <= len(self), f"{n} pages asked, {len(self)} free"
+        used, self._used = self._used[:n], self._used[n:]
+        fresh = torch.arange(self._next_fresh, self._next_fresh + n - len(used), dtype=torch.int64)
+        self._next_fresh += len(fresh)
+        return torch.cat([used, fresh])
+
+    def give(self, pages: torch.Tensor) -> None:
+        self._used = torch.cat([self._used, pages])
+
+    def pages(self) -> torch.Tensor:
+        """Every free page (for the accounting check)."""
+        return torch.cat([self._used, torch.arange(self._next_fresh, self.num_pages, dtype=torch.int64)])
+
+
 class CacheManager:
     def __init__(
         self,
@@ -68,7 +98,7 @@ class CacheManager:
         (``window.slots_per_request``)."""
         self.cache, self.page_size, self.table = cache, page_size, table
         self.capacity = num_pages * page_size
-        self._free_pages = torch.arange(num_pages, dtype=torch.int64)
+        self._free_pages = FreePages(num_pages)
         self._page_offsets = torch.arange(page_size, dtype=torch.int64)
         # Slots promised to admitted requests but not allocated yet: admission never overcommits.
         self._reserved = 0
@@ -221,13 +251,12 @@ class CacheManager:
             freed = self.cache.evict((n - len(self._free_pages)) * self.page_size)
             self.evicted_tokens += len(freed)
             self._free_slots(freed)
-        pages, self._free_pages = self._free_pages[:n], self._free_pages[n:]
-        return pages
+        return self._free_pages.take(n)
 
     def _free_slots(self, slots: torch.Tensor) -> None:
         """Return whole pages, given all their slots in page order (and their window slots)."""
         if len(slots):
-            self._free_pages = torch.cat([self._free_pages, slots[:: self.page_size].cpu() // self.page_size])
+            self._free_pages.give(slots[:: self.page_size].cpu() // self.page_size)
             if self.window is not None:
                 self.window.release(slots.cpu())
 
@@ -273,7 +302,7 @@ class CacheManager:
         evictable, protected = self.cache.size_info
         total = self.free_size + evictable + protected + len(owned)
         assert total == self.capacity, f"KV accounting off: {total} != capacity {self.capacity}"
-        pages = torch.cat([self._free_pages, owned[:: self.page_size] // self.page_size])
+        pages = torch.cat([self._free_pages.pages(), owned[:: self.page_size] // self.page_size])
         assert len(torch.unique(pages)) == len(pages), "a KV page is owned twice"
         assert self._reserved >= 0, f"negative reservation {self._reserved}"
         if not running:
