@@ -16,6 +16,7 @@ from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.batch import Batch
 from minisgl.config import EngineConfig
 from minisgl.distributed.sharding import max_kv_heads
+from minisgl.engine.heap import retain_freed_memory
 from minisgl.kernels.native import cpu_paths, resolve_kernels
 from minisgl.kvcache.pool import KVPool
 from minisgl.kvcache.table import TableManager
@@ -110,6 +111,8 @@ class Engine:
             logger.info("C kernels (kernels=%s): %s", config.kernels, kernels)
         if quantized and self.device.type == "cpu":
             logger.info("quantized products: %s", "; ".join(f"{k}: {v}" for k, v in cpu_paths(self.kernels).items()))
+        if self.device.type == "cpu":  # after the load: its temporaries go back to the kernel first
+            retain_freed_memory()
 
     def scoring_attention(self, tokens: int) -> AttentionBackend:
         """An attention backend like the engine's over a pool of its own, ``tokens`` slots of the engine's
