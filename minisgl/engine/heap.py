@@ -4,7 +4,7 @@ Every pass allocates its temporaries anew (activations, a band of the MLP, logit
 1-8B tens of megabytes). glibc's malloc hands an allocation past its mmap threshold (128 KiB, rising
 to 32 MiB as it sees such frees) to the kernel on ``free`` and maps fresh pages for the next one, and
 trims the heap's top as it shrinks. Each fresh page faults on first write: a 2,000-token prefill took
-hundreds of thousands of page faults, each pass again (``docs/benchmarks/session19-amd/heap.md``).
+tens to hundreds of thousands of page faults, each pass again (``docs/benchmarks/session19-amd/heap.md``).
 Kept in the heap instead, the same memory serves every pass; the resident memory stays at the most
 one pass needs, as a caching allocator's does.
 """

@@ -54,11 +54,10 @@ def align_up(n: int, page_size: int) -> int:
 
 
 class FreePages:
-    """The free KV pages, handed out pages that were used before first (in the order they were freed),
-    then never-used ones in page order. The CPU pool's memory is the kernel's zero pages until first
-    written (``kvcache/pool.py``), and a first write to a page faults: taking never-used pages only when
-    no used one is free keeps those faults to the most KV ever held at once, not one pass through the
-    whole pool, and the pool's resident memory to what the workload needs."""
+    """The free KV pages. Pages used before go out first (in the order they were freed), never-used ones
+    (in page order) only when none of those is left. The CPU pool's memory is the kernel's zero pages
+    until first written (``kvcache/pool.py``): its resident memory, and the page faults of first writes,
+    then stay within the most KV ever held at once instead of growing through the whole pool."""
 
     def __init__(self, num_pages: int) -> None:
         self.num_pages = num_pages
