@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import sys
 
 logger = logging.getLogger("minisgl.engine")
 
@@ -25,8 +26,10 @@ _NEVER_TRIM = 2**31 - 1  # mallopt takes an int
 
 def retain_freed_memory() -> bool:
     """From now on malloc serves every size from its heap and never returns freed memory to the
-    kernel; what the heap holds now (a model load's temporaries) is returned first. False where the
-    C library is not glibc (nothing changes)."""
+    kernel; what the heap holds now (a model load's temporaries) is returned first. False off Linux or
+    where the C library is not glibc (nothing changes)."""
+    if not sys.platform.startswith("linux"):
+        return False
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     if not all(hasattr(libc, name) for name in ("mallopt", "malloc_trim", "gnu_get_libc_version")):
         return False
