@@ -226,10 +226,9 @@ def test_paged_attention_against_the_reference_and_torch(
 def test_paged_attention_of_a_request_is_the_same_alone_as_in_a_batch(
     kernels: CpuKernels, heads: int, kv_heads: int, d: int
 ) -> None:
-    """Bit for bit, however the batch's work is cut into tasks (by KV heads, whole rows, or chunks of a
-    long request's keys, merged after): the greedy tokens of a request must not depend on who else is
-    decoding. With short rows the batch of four is read by whole rows at one and at two threads (two
-    requests a thread or more), a request alone by heads: each thread count compares the two."""
+    """Bit for bit, however the batch's tasks (chunks of a request's keys, merged after) fall to the
+    threads: the greedy tokens of a request must not depend on who else is decoding. The lengths give
+    requests of one chunk and of several, at every shape; each thread count compares the two."""
     g = torch.Generator().manual_seed(d)
     slots, lens = 4096, [2000, 3, 129, 700]
     k_pool, v_pool = (torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2))

@@ -5,17 +5,22 @@
 // The torch path gathers every request's K and V into a padded copy per layer, then runs SDPA: at
 // one request the gather, the views and the call cost ~60 us a layer, several times the
 // arithmetic. Here each request reads its keys and values where they lie, for all the query heads
-// that share them (GQA), with a numerically safe two-pass softmax. The SIMD body dots up to QUERIES
-// query heads with KEYS keys at once, loading each key vector once for them all (with 3 query heads
-// per KV head, as at 135M, the loads were most of the work), exponentiates the scores a vector at a
-// time, and sums the values for up to QUERIES query heads a pass, each value vector loaded once for
-// them. Decode is bound by reading the pool, a row of which is kv_heads x d values (4 KB at 32 heads
-// of 64, bf16): where rows are that long, a task reads whole rows of a chunk of keys, and the chunks'
-// partial sums are merged after (chunk_keys); shorter rows are read whole by a task too where the batch
-// has requests enough for the threads (heads_per_task).
+// that share them (GQA), with a numerically safe two-pass softmax over each chunk of its keys. The
+// SIMD body dots up to QUERIES query heads with KEYS keys at once, loading each key vector once for
+// them all (with 3 query heads per KV head, as at 135M, the loads were most of the work),
+// exponentiates the scores a vector at a time, and adds KEYS keys' values at a time to every query
+// head's sums, each value vector loaded once for its query heads.
 //
-// Threads: the tasks (a request's KV heads, or a chunk of its keys) are split over `threads` OpenMP
-// threads, the requests inner.
+// Decode is bound by reading the pool, a row of which is kv_heads x d values (4 KB at 32 heads of 64,
+// bf16). A task reads whole rows, key after key, of a chunk of a request's keys, and the chunks'
+// partial sums are merged after (chunk_keys). Rows are read in order: one head's d values lie a row
+// apart, and a chunk read head by head instead finds few of them still in L1, since rows a page apart
+// share L1's sets. For the same reason the keys ahead are asked for into L2
+// (prefetcht1), not L1. Read rate per shape against a plain sum over the same rows:
+// python -m benchmarks.decode_attention (docs/benchmarks/session20-amd/decode_attention.md).
+//
+// Threads: the tasks (a chunk of a request's keys) are split over `threads` OpenMP threads, the
+// requests inner.
 
 #include <math.h>
 #include <stdint.h>
@@ -102,7 +107,8 @@ int paged_decode_attention_ref(const float *q, const float *k, const float *v, c
 #if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
 
 #if defined(KERNELS_AVX512)
-#define QUERIES 4  // query heads that share each key and value vector loaded (registers: 4 x 4 sums)
+#define QUERIES 4  // query heads that share each key vector loaded (registers: 4 x 4 sums)
+#define CHUNKS 4   // vectors of a row of values added at once (registers: 4 keys x 4)
 // WIDTH values of a pool row (fp32, or bf16 widened) starting at element `at`.
 static inline VecF load_kv(const void *pool, int64_t at, int bf16) {
     if (!bf16) return _mm512_loadu_ps((const float *)pool + at);
@@ -112,6 +118,7 @@ static inline VecF load_kv(const void *pool, int64_t at, int bf16) {
 static inline void store_bf16(uint16_t *to, VecF x) { _mm256_storeu_si256((__m256i *)to, round_to_bf16_512(x)); }
 #else
 #define QUERIES 2  // 16 registers: 2 x 4 sums
+#define CHUNKS 2   // 4 keys x 2
 static inline VecF load_kv(const void *pool, int64_t at, int bf16) {
     if (!bf16) return _mm256_loadu_ps((const float *)pool + at);
     const __m128i half = _mm_loadu_si128((const __m128i *)((const uint16_t *)pool + at));
@@ -126,11 +133,10 @@ static inline void store_bf16(uint16_t *to, VecF x) { _mm_storeu_si128((__m128i 
 
 static inline void prefetch_kv(const void *pool, int64_t at, int64_t d, int bf16) {
     const char *first = (const char *)pool + at * (bf16 ? 2 : 4);
-    for (int64_t byte = 0; byte < d * (bf16 ? 2 : 4); byte += 64) _mm_prefetch(first + byte, _MM_HINT_T0);
+    for (int64_t byte = 0; byte < d * (bf16 ? 2 : 4); byte += 64) _mm_prefetch(first + byte, _MM_HINT_T1);
 }
 
 #define KEYS 4    // keys dotted at once: independent chains of fmas, reduced together by sum4
-#define CHUNKS 4  // vectors of a row of values summed at once (independent chains)
 
 // The scaled dots of `nq` query heads (d apart from q) with the KEYS keys at pool[rows[u] + offset ..], into
 // out[a * out_stride + u]. Each key vector is loaded (and widened) once for all nq heads. Called with a
@@ -170,113 +176,61 @@ static const DotKeys dot_keys_of[QUERIES + 1] = {NULL, dot_keys_1, dot_keys_2, d
 static const DotKeys dot_keys_of[QUERIES + 1] = {NULL, dot_keys_1, dot_keys_2};
 #endif
 
-// sums[h * nq + a][c] += weights[(h * group + a) * keys + j] pool[rows[j] + head + h * d + at + c * WIDTH ..]
-// for key j, each value vector loaded once for the nq query heads (sum_values' step).
-static inline __attribute__((always_inline)) void add_key(const int hv, const int nq, const int chunks,
-                                                          VecF sums[QUERIES][CHUNKS], const float *weights,
-                                                          int64_t keys, int64_t group, const void *pool,
-                                                          const int64_t *rows, int64_t head, int64_t at, int64_t j,
-                                                          int bf16, int64_t d) {
-    for (int h = 0; h < hv; h++)
-        for (int c = 0; c < chunks; c++) {
-            const VecF value = load_kv(pool, rows[j] + head + h * d + at + c * WIDTH, bf16);
-            for (int a = 0; a < nq; a++) {
-                const VecF weight = vec_set1(weights[(h * group + a) * keys + j]);
-                sums[h * nq + a][c] = vec_fmadd(weight, value, sums[h * nq + a][c]);
+// sums[r * d + i ..] (query head r = h * group + a) += the weights of `keys` keys (weights[r * ck + u])
+// times their values, pool[rows[u] + h * d + i ..], for every KV head h of a row and `chunks` vectors
+// of dimensions from i: the keys' rows are read in order, each value vector loaded once for its query
+// heads, the sums kept in L1 (a whole row's heads do not fit the registers). Called with literal keys
+// and chunks: add_values_block, add_values_tail.
+static inline __attribute__((always_inline)) void add_values(const int keys, const int chunks, const float *weights,
+                                                             int64_t ck, int64_t group, int64_t kv_heads,
+                                                             const void *pool, const int64_t *rows, int64_t i, int bf16,
+                                                             int64_t d, float *sums) {
+    for (int64_t h = 0; h < kv_heads; h++) {
+        VecF value[KEYS][CHUNKS];
+        for (int u = 0; u < keys; u++)
+            for (int c = 0; c < chunks; c++) value[u][c] = load_kv(pool, rows[u] + h * d + i + c * WIDTH, bf16);
+        for (int64_t a = 0; a < group; a++) {
+            const int64_t r = h * group + a;
+            VecF weight[KEYS];
+            for (int u = 0; u < keys; u++) weight[u] = vec_set1(weights[r * ck + u]);
+            for (int c = 0; c < chunks; c++) {
+                float *at = sums + r * d + i + c * WIDTH;
+                VecF acc = vec_load(at);
+                for (int u = 0; u < keys; u++) acc = vec_fmadd(weight[u], value[u][c], acc);
+                vec_store(at, acc);
             }
         }
-}
-
-// For `hv` consecutive KV heads h from the one at `head` of each row, and `nq` of each one's query heads a
-// (query head h * group + a of the weights and out): out[(h * group + a) * d + at + c * WIDTH ..] = sum
-// over j < n of weights[(h * group + a) * keys + j] pool[rows[j] + head + h * d + at + c * WIDTH ..], for
-// `chunks` vectors, key by key. With fewer than 8 chains (hv x nq x chunks), even and odd keys sum apart,
-// which keeps 8 fmas in flight. Called with literal hv, nq and chunks (sum_values_of).
-static inline __attribute__((always_inline)) void sum_values(const int hv, const int nq, const int chunks,
-                                                             const float *weights, int64_t keys, int64_t group,
-                                                             const void *pool, const int64_t *rows, int64_t head,
-                                                             int64_t at, int64_t n, int bf16, int64_t d, float *out) {
-    const int pairs = hv * nq * chunks < 8;
-    const int64_t span = (hv - 1) * d + chunks * WIDTH;  // the values read of each row
-    VecF even[QUERIES][CHUNKS], odd[QUERIES][CHUNKS];   // [h * nq + a][c]: hv x nq <= QUERIES
-    for (int r = 0; r < hv * nq; r++)
-        for (int c = 0; c < chunks; c++) even[r][c] = odd[r][c] = vec_zero();
-    int64_t j = 0;
-    for (; j + pairs < n; j += 1 + pairs) {
-        if (j + AHEAD < n) prefetch_kv(pool, rows[j + AHEAD] + head + at, span, bf16);
-        add_key(hv, nq, chunks, even, weights, keys, group, pool, rows, head, at, j, bf16, d);
-        if (!pairs) continue;
-        if (j + 1 + AHEAD < n) prefetch_kv(pool, rows[j + 1 + AHEAD] + head + at, span, bf16);
-        add_key(hv, nq, chunks, odd, weights, keys, group, pool, rows, head, at, j + 1, bf16, d);
     }
-    for (; j < n; j++) add_key(hv, nq, chunks, even, weights, keys, group, pool, rows, head, at, j, bf16, d);
-    for (int h = 0; h < hv; h++)
-        for (int a = 0; a < nq; a++)
-            for (int c = 0; c < chunks; c++)
-                vec_store(out + (h * group + a) * d + at + c * WIDTH,
-                          vec_add(even[h * nq + a][c], odd[h * nq + a][c]));
 }
 
-typedef void (*SumValues)(const float *, int64_t, int64_t, const void *, const int64_t *, int64_t, int64_t, int64_t,
-                          int, int64_t, float *);
-#define SUM_VALUES(HV, NQ, C)                                                                                       \
-    static void sum_values_##HV##_##NQ##_##C(const float *weights, int64_t keys, int64_t group, const void *pool,    \
-                                             const int64_t *rows, int64_t head, int64_t at, int64_t n, int bf16,     \
-                                             int64_t d, float *out) {                                               \
-        sum_values(HV, NQ, C, weights, keys, group, pool, rows, head, at, n, bf16, d, out);                          \
-    }
-#define SUM_VALUES_ROW(HV, NQ) SUM_VALUES(HV, NQ, 1) SUM_VALUES(HV, NQ, 2) SUM_VALUES(HV, NQ, 3) SUM_VALUES(HV, NQ, 4)
-#define SUM_VALUES_OF(HV, NQ)                                                                                       \
-    {NULL, sum_values_##HV##_##NQ##_1, sum_values_##HV##_##NQ##_2, sum_values_##HV##_##NQ##_3,                      \
-     sum_values_##HV##_##NQ##_4}
-// [hv][nq][chunks], hv x nq <= QUERIES
-SUM_VALUES_ROW(1, 1)
-SUM_VALUES_ROW(1, 2)
-SUM_VALUES_ROW(2, 1)
-#if QUERIES == 4
-SUM_VALUES_ROW(1, 3)
-SUM_VALUES_ROW(1, 4)
-SUM_VALUES_ROW(2, 2)
-SUM_VALUES_ROW(4, 1)
-static const SumValues sum_values_of[QUERIES + 1][QUERIES + 1][CHUNKS + 1] = {
-    {{NULL}},
-    {{NULL}, SUM_VALUES_OF(1, 1), SUM_VALUES_OF(1, 2), SUM_VALUES_OF(1, 3), SUM_VALUES_OF(1, 4)},
-    {{NULL}, SUM_VALUES_OF(2, 1), SUM_VALUES_OF(2, 2)},
-    {{NULL}},
-    {{NULL}, SUM_VALUES_OF(4, 1)}};
-#else
-static const SumValues sum_values_of[QUERIES + 1][QUERIES + 1][CHUNKS + 1] = {
-    {{NULL}}, {{NULL}, SUM_VALUES_OF(1, 1), SUM_VALUES_OF(1, 2)}, {{NULL}, SUM_VALUES_OF(2, 1)}};
-#endif
-
-// KV heads summed in one pass over values: as many as the registers hold beside each one's whole group
-// of query heads (hv x group <= QUERIES: 4 heads of one query each, 2 of two, else 1).
-static int64_t heads_per_pass(int64_t kv_heads, int64_t group) {
-    int64_t hv = group == 1 ? QUERIES : group * 2 <= QUERIES ? QUERIES / 2 : 1;
-    while (kv_heads % hv) hv /= 2;
-    return hv;
+static void add_values_block(const float *weights, int64_t ck, int64_t group, int64_t kv_heads, const void *pool,
+                             const int64_t *rows, int64_t i, int bf16, int64_t d, float *sums) {
+    add_values(KEYS, CHUNKS, weights, ck, group, kv_heads, pool, rows, i, bf16, d, sums);
 }
 
-// How a request's attention is cut into tasks. Keys: where pool rows are short, a task takes every key of
-// its request. From WHOLE_ROWS bytes a row (16 heads of 64 in bf16; 4 KB at SmolLM2-1.7B's 32) one head's d
-// values lie a row apart, where no hardware prefetcher follows them, so a task reads whole rows, of a chunk
-// of CHUNK_BYTES of them, whose values stay in L2 while each pass over heads reads them; a request's chunks
-// are merged after. The chunks follow from the model and the request alone, never the batch: a request's
-// sums run in the same order alone as in a batch.
-#define WHOLE_ROWS 2048
+// Fewer than KEYS keys or CHUNKS vectors of dimensions: the same sums, a key and a vector at a time.
+static void add_values_tail(int64_t keys, int64_t chunks, const float *weights, int64_t ck, int64_t group,
+                            int64_t kv_heads, const void *pool, const int64_t *rows, int64_t i, int bf16, int64_t d,
+                            float *sums) {
+    for (int64_t u = 0; u < keys; u++)
+        for (int64_t c = 0; c < chunks; c++)
+            add_values(1, 1, weights + u, ck, group, kv_heads, pool, rows + u, i + c * WIDTH, bf16, d, sums);
+}
+
+// A task is a chunk of a request's keys, whole rows (every KV head) of each. A chunk's rows stay in L2
+// while its passes read them; the chunks' partial sums are merged after. A request gets about SPLIT
+// chunks, so that one long request still spreads over the threads, of MIN_CHUNK_BYTES to CHUNK_BYTES of
+// rows (smaller chunks were slower for many short requests with short rows: each task's first keys
+// come in unprefetched; benchmarks.decode_attention). The chunks follow from the model and the request
+// alone, never the batch: a request's sums run in the same order alone as in a batch.
 #define CHUNK_BYTES (256 * 1024)
+#define MIN_CHUNK_BYTES (128 * 1024)
+#define SPLIT 8
 static int64_t chunk_keys(int64_t n, int64_t row_bytes) {
-    const int64_t keys = row_bytes < WHOLE_ROWS ? (n + KEYS - 1) / KEYS * KEYS : CHUNK_BYTES / row_bytes / KEYS * KEYS;
+    const int64_t most = CHUNK_BYTES / row_bytes, least = MIN_CHUNK_BYTES / row_bytes, wanted = (n + SPLIT - 1) / SPLIT;
+    int64_t keys = wanted < least ? least : wanted;
+    keys = (keys < most ? keys : most) / KEYS * KEYS;
     return keys > KEYS ? keys : KEYS;
-}
-
-// Heads: a task takes whole rows (every KV head) where rows are long, and where the batch gives every
-// thread WHOLE_ROW_TASKS requests that way: a row's heads then come in from memory together, not in one
-// pass over the keys per head. A request alone with short rows keeps a task per pass over values, so that
-// its heads spread over the threads. Each head's sums are the same whichever task computes them.
-#define WHOLE_ROW_TASKS 2
-static int64_t heads_per_task(int64_t kv_heads, int64_t group, int64_t row_bytes, int64_t batch, int threads) {
-    return row_bytes >= WHOLE_ROWS || batch >= WHOLE_ROW_TASKS * threads ? kv_heads : heads_per_pass(kv_heads, group);
 }
 
 // A request's chunks of `keys`: one at least, so that one without keys still gets its (zero) output.
@@ -330,93 +284,87 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
         store_kv(k_pool, out_slots[b] * row, k + b * row, row, kv_bf16);
         store_kv(v_pool, out_slots[b] * row, v + b * row, row, kv_bf16);
     }
-    const int64_t row_bytes = row * (kv_bf16 ? 2 : 4), hv = heads_per_pass(kv_heads, group);
-    // Tasks: part p (chunk p / blocks, heads block p % blocks) of request b, part outer (requests that
-    // share a prefix read the same rows close together in time). Where a request has several chunks,
-    // each task leaves its query heads' unnormalised sums, largest score and total, merged after.
-    const int64_t per_task = heads_per_task(kv_heads, group, row_bytes, batch, threads), blocks = kv_heads / per_task;
-    const int whole_rows = per_task == kv_heads;
-    const int64_t rows_per_task = per_task * group;  // query heads
+    const int64_t row_bytes = row * (kv_bf16 ? 2 : 4);
+    // Tasks: chunk p of request b, chunk outer (requests that share a prefix read the same rows close
+    // together in time). Where a request has several chunks, each task leaves its query heads'
+    // unnormalised sums, largest score and total, merged after.
     int64_t most = 0, tasks = 0, widest = KEYS;
     for (int64_t b = 0; b < batch; b++) {
-        const int64_t keys = chunk_keys(kv_lens[b], row_bytes);
-        const int64_t parts = chunk_count(kv_lens[b], keys) * blocks;
+        const int64_t keys = chunk_keys(kv_lens[b], row_bytes), parts = chunk_count(kv_lens[b], keys);
         most = parts > most ? parts : most;
         widest = keys > widest ? keys : widest;
         tasks += parts;
     }
     static _Thread_local Scratch shared;  // the calling thread's, for its next call
-    const size_t floats = (size_t)(tasks * rows_per_task * (d + 2));
+    const size_t floats = (size_t)(tasks * heads * (d + 2));
     const size_t indices = (size_t)(2 * tasks + batch * most + 1);
     float *partial = scratch_reserve(&shared, sizeof(float) * floats + sizeof(int64_t) * indices);
     if (partial == NULL) return KERNELS_NO_MEMORY;
-    float *tops = partial + tasks * rows_per_task * d, *totals = tops + tasks * rows_per_task;
-    int64_t *task_request = (int64_t *)(totals + tasks * rows_per_task), *task_part = task_request + tasks;
-    int64_t *task_at = task_part + tasks;  // [batch, most]: the task of part p of request b
+    float *tops = partial + tasks * heads * d, *totals = tops + tasks * heads;
+    int64_t *task_request = (int64_t *)(totals + tasks * heads), *task_part = task_request + tasks;
+    int64_t *task_at = task_part + tasks;  // [batch, most]: the task of chunk p of request b
     for (int64_t p = 0, t = 0; p < most; p++)
-        for (int64_t b = 0; b < batch; b++) {
-            const int64_t keys = chunk_keys(kv_lens[b], row_bytes);
-            if (p < chunk_count(kv_lens[b], keys) * blocks) {
+        for (int64_t b = 0; b < batch; b++)
+            if (p < chunk_count(kv_lens[b], chunk_keys(kv_lens[b], row_bytes))) {
                 task_request[t] = b, task_part[t] = p, task_at[b * most + p] = t;
                 t++;
             }
-        }
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        // Each thread's scores ([query heads of a task, widest]) and row offsets ([widest]), kept for its
-        // next call.
+        // Each thread's scores ([query heads, widest]) and row offsets ([widest]), kept for its next call.
         static _Thread_local Scratch scratch;
-        float *scores =
-            scratch_reserve(&scratch, (sizeof(float) * (size_t)rows_per_task + sizeof(int64_t)) * (size_t)widest);
+        float *scores = scratch_reserve(&scratch, (sizeof(float) * (size_t)heads + sizeof(int64_t)) * (size_t)widest);
         if (scores == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
-        int64_t *rows = (int64_t *)(scores + rows_per_task * widest);
+        int64_t *rows = (int64_t *)(scores + heads * widest);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; t++) {
             if (scores == NULL) continue;
-            const int64_t b = task_request[t], ck = chunk_keys(kv_lens[b], row_bytes);
-            const int64_t first = task_part[t] % blocks * per_task, start = task_part[t] / blocks * ck;
+            const int64_t b = task_request[t], ck = chunk_keys(kv_lens[b], row_bytes), start = task_part[t] * ck;
             const int64_t n = kv_lens[b] - start < ck ? kv_lens[b] - start : ck;
             const int64_t keys = (n + KEYS - 1) / KEYS * KEYS;  // a last partial block dots the chunk's key 0 again
             const int64_t *slots = kv_slots + b * stride + start;
-            const float *qt = q + (b * heads + first * group) * d;
-            float *sums = partial + t * rows_per_task * d, *top = tops + t * rows_per_task;
-            float *total = totals + t * rows_per_task;
-            for (int64_t j = 0; j < keys; j++) rows[j] = slots[j < n ? j : 0] * row + first * d;
-            // Keys: the task's slice of each key's row, head after head; whole rows of values are asked for
-            // at the same time, for the passes over them that follow.
+            const float *qt = q + b * heads * d;
+            float *sums = partial + t * heads * d, *top = tops + t * heads, *total = totals + t * heads;
+            for (int64_t j = 0; j < keys; j++) rows[j] = slots[j < n ? j : 0] * row;
+            // Keys: KEYS keys' rows, head after head. The keys AHEAD further are asked for a head at a
+            // time, spread over the pass, with their values for the pass over them that follows.
             for (int64_t j = 0; j < keys; j += KEYS) {
-                for (int64_t u = j + AHEAD; u < j + AHEAD + KEYS && u < n; u++) {
-                    prefetch_kv(k_pool, rows[u], per_task * d, kv_bf16);
-                    if (whole_rows) prefetch_kv(v_pool, rows[u], row, kv_bf16);
-                }
-                for (int64_t h = 0; h < per_task; h++)
+                for (int64_t h = 0; h < kv_heads; h++) {
+                    for (int64_t u = j + AHEAD; u < j + AHEAD + KEYS && u < n; u++) {
+                        prefetch_kv(k_pool, rows[u] + h * d, d, kv_bf16);
+                        prefetch_kv(v_pool, rows[u] + h * d, d, kv_bf16);
+                    }
                     for (int64_t g = 0; g < group; g += QUERIES) {
                         const int64_t nq = group - g < QUERIES ? group - g : QUERIES, r = h * group + g;
                         dot_keys_of[nq](qt + r * d, k_pool, rows + j, h * d, d, kv_bf16, scale, scores + r * ck + j,
                                         ck);
                     }
+                }
             }
-            for (int64_t r = 0; r < rows_per_task; r++) {
+            for (int64_t r = 0; r < heads; r++) {
                 top[r] = largest(scores + r * ck, n);
                 total[r] = exponentiate(scores + r * ck, n, top[r]);
             }
-            // Values, hv heads and CHUNKS vectors of dimensions a pass.
-            for (int64_t h = 0; h < per_task; h += hv)
+            // Values: KEYS keys' rows at a time, CHUNKS vectors of dimensions of every head a pass.
+            memset(sums, 0, sizeof(float) * (size_t)(heads * d));
+            for (int64_t j = 0; j < n; j += KEYS) {
+                const int64_t block = n - j < KEYS ? n - j : KEYS;
                 for (int64_t i = 0; i < d; i += CHUNKS * WIDTH) {
                     const int64_t chunks = (d - i) / WIDTH < CHUNKS ? (d - i) / WIDTH : CHUNKS;
-                    for (int64_t g = 0; g < group; g += QUERIES) {
-                        const int64_t nq = group - g < QUERIES ? group - g : QUERIES, r = h * group + g;
-                        sum_values_of[hv][nq][chunks](scores + r * ck, ck, group, v_pool, rows, h * d, i, n, kv_bf16,
-                                                      d, sums + r * d);
-                    }
+                    if (block == KEYS && chunks == CHUNKS)
+                        add_values_block(scores + j, ck, group, kv_heads, v_pool, rows + j, i, kv_bf16, d, sums);
+                    else
+                        add_values_tail(block, chunks, scores + j, ck, group, kv_heads, v_pool, rows + j, i, kv_bf16,
+                                        d, sums);
                 }
+            }
             if (start == 0 && n == kv_lens[b]) {  // the request's only chunk: its sums over its totals
-                float *o = out + (b * heads + first * group) * d;
-                for (int64_t r = 0; r < rows_per_task; r++) {
+                float *o = out + b * heads * d;
+                for (int64_t r = 0; r < heads; r++) {
                     const VecF divisor = vec_set1(total[r] > 0.0f ? total[r] : 1.0f);
                     for (int64_t i = 0; i < d; i += WIDTH)
                         vec_store(o + r * d + i, vec_div(vec_load(sums + r * d + i), divisor));
@@ -428,19 +376,17 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
 #pragma omp for schedule(static)
         for (int64_t br = 0; br < batch * heads; br++) {
             const int64_t b = br / heads, r = br % heads;
-            const int64_t ck = chunk_keys(kv_lens[b], row_bytes);
-            const int64_t chunks = chunk_count(kv_lens[b], ck);
-            const int64_t block = r / rows_per_task, within = r % rows_per_task;
+            const int64_t chunks = chunk_count(kv_lens[b], chunk_keys(kv_lens[b], row_bytes));
             if (chunks < 2) continue;
             float top = -INFINITY, total = 0.0f;
             for (int64_t c = 0; c < chunks; c++) {
-                const float chunk_top = tops[task_at[b * most + c * blocks + block] * rows_per_task + within];
+                const float chunk_top = tops[task_at[b * most + c] * heads + r];
                 top = chunk_top > top ? chunk_top : top;
             }
             float *o = out + br * d;
             for (int64_t i = 0; i < d; i += WIDTH) vec_store(o + i, vec_zero());
             for (int64_t c = 0; c < chunks; c++) {
-                const int64_t at = task_at[b * most + c * blocks + block] * rows_per_task + within;
+                const int64_t at = task_at[b * most + c] * heads + r;
                 const float weight = expf(tops[at] - top);
                 total += weight * totals[at];
                 for (int64_t i = 0; i < d; i += WIDTH)

@@ -1,0 +1,96 @@
+"""Decode attention read in place from a bf16 KV pool (``kernels/cpu/paged_attention.c``) against this
+machine's memory: each request's K and V rows read by the kernel, and a plain sum over the same rows.
+
+Each case is B requests x L keys (distinct keys, in slot order, as a prompt's prefill leaves them) for
+LAYERS layers, each layer's pool larger than the caches; *GB/s* is the K and V bytes over the time.
+*of the sum*: the kernel's rate over the sum's, both measured in the same round; the median and range of
+ROUNDS rounds, the two alternating.
+
+Run: python -m benchmarks.decode_attention [--kernels auto|c:avx2 ...] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from benchmarks.machine import load_average, machine_info
+from minisgl.kernels.native import CpuKernels, resolve_kernels
+from minisgl.kernels.variants import KERNEL_CHOICES
+
+LAYERS = 8
+# (name, query heads, KV heads, head dim, requests, keys each)
+CASES = [
+    ("135M, one long prompt", 9, 3, 64, 1, 2000),
+    ("135M, 16 requests", 9, 3, 64, 16, 500),
+    ("1.7B, one long prompt", 32, 32, 64, 1, 2000),
+    ("1.7B, 16 requests", 32, 32, 64, 16, 545),
+    ("GQA 8 KV heads x 2, 16 requests", 16, 8, 64, 16, 2000),
+    ("GQA 8 KV heads x 4 of 128, one prompt", 32, 8, 128, 1, 4000),
+]
+
+
+def best_of(f: Callable[[], object], repeats: int = 5) -> float:
+    f()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def rates(
+    kernels: CpuKernels, heads: int, kv_heads: int, d: int, batch: int, length: int, rounds: int
+) -> list[tuple[float, float]]:
+    """(kernel GB/s, sum GB/s) of each round for one case."""
+    g = torch.Generator().manual_seed(0)
+    slots = batch * length + batch
+    pools = [[torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2)] for _ in range(LAYERS)]
+    q = torch.randn(batch, heads, d, generator=g)
+    k, v = (torch.randn(batch, kv_heads, d, generator=g) for _ in range(2))
+    out_slots = torch.arange(batch * length, slots)
+    kv_slots = torch.arange(batch * length).view(batch, length)
+    kv_lens = torch.full((batch,), length)
+
+    def attend() -> None:
+        for k_pool, v_pool in pools:
+            kernels.paged_decode_attention(q, k, v, out_slots, k_pool, v_pool, kv_slots, kv_lens)
+
+    def read() -> None:
+        for k_pool, v_pool in pools:
+            k_pool[: batch * length].sum()
+            v_pool[: batch * length].sum()
+
+    gigabytes = 2 * batch * length * kv_heads * d * 2 * LAYERS / 1e9
+    return [(gigabytes / best_of(attend), gigabytes / best_of(read)) for _ in range(rounds)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kernels", default="c", choices=[c for c in KERNEL_CHOICES if c != "torch"])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    kernels = resolve_kernels(args.kernels)
+    print(f"# machine: {machine_info(torch.get_num_threads())['cpu']}, {torch.get_num_threads()} threads")
+    print(f"# code path: C kernels {kernels.variant.description}")
+    print(f"# load average at start: {load_average()}")
+    print("| case | kernel GB/s | sum GB/s | of the sum (median, range) |")
+    print("|---|---|---|---|")
+    for name, heads, kv_heads, d, batch, length in CASES:
+        measured = rates(kernels, heads, kv_heads, d, batch, length, args.rounds)
+        shares = [kernel / plain for kernel, plain in measured]
+        print(
+            f"| {name} ({batch} x {length} keys, {heads}/{kv_heads} heads of {d}) "
+            f"| {statistics.median(r[0] for r in measured):.1f} | {statistics.median(r[1] for r in measured):.1f} "
+            f"| {statistics.median(shares):.2f} ({min(shares):.2f}-{max(shares):.2f}) |"
+        )
+    print(f"# load average at end: {load_average()}")
+
+
+if __name__ == "__main__":
+    main()
