@@ -19,8 +19,8 @@
 // (prefetcht1), not L1. Read rate per shape against a plain sum over the same rows:
 // python -m benchmarks.decode_attention (docs/benchmarks/session20-amd/decode_attention.md).
 //
-// Threads: the tasks (a chunk of a request's keys) are split over `threads` OpenMP threads, the
-// requests inner.
+// Threads: the tasks (a chunk of a request's keys, or some of its KV heads where the chunks are too few
+// for the threads: head_blocks) are split over `threads` OpenMP threads, the requests inner.
 
 #include <math.h>
 #include <stdint.h>
@@ -236,6 +236,16 @@ static int64_t chunk_keys(int64_t n, int64_t row_bytes) {
 // A request's chunks of `keys`: one at least, so that one without keys still gets its (zero) output.
 static int64_t chunk_count(int64_t n, int64_t keys) { return n > keys ? (n + keys - 1) / keys : 1; }
 
+// Where a batch has fewer chunks than two a thread (one short request), each chunk's KV heads are split
+// into this many blocks, a task each, so that every thread has work: a head's sums are the same whichever
+// task computes them. A divisor of kv_heads.
+static int64_t head_blocks(int64_t kv_heads, int64_t chunks, int threads) {
+    const int64_t wanted = (2 * threads + chunks - 1) / chunks;
+    int64_t blocks = wanted < kv_heads ? wanted : kv_heads;
+    while (kv_heads % blocks) blocks++;
+    return blocks;
+}
+
 // e^(x - top) of a row of n scores, in place, and their sum.
 static float exponentiate(float *row, int64_t n, float top) {
     VecF sums = vec_zero();
@@ -285,24 +295,26 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
         store_kv(v_pool, out_slots[b] * row, v + b * row, row, kv_bf16);
     }
     const int64_t row_bytes = row * (kv_bf16 ? 2 : 4);
-    // Tasks: chunk p of request b, chunk outer (requests that share a prefix read the same rows close
+    // Chunk tasks: chunk p of request b, chunk outer (requests that share a prefix read the same rows close
     // together in time). Where a request has several chunks, each task leaves its query heads'
     // unnormalised sums, largest score and total, merged after.
-    int64_t most = 0, tasks = 0, widest = KEYS;
+    int64_t most = 0, chunk_tasks = 0, widest = KEYS;
     for (int64_t b = 0; b < batch; b++) {
         const int64_t keys = chunk_keys(kv_lens[b], row_bytes), parts = chunk_count(kv_lens[b], keys);
         most = parts > most ? parts : most;
         widest = keys > widest ? keys : widest;
-        tasks += parts;
+        chunk_tasks += parts;
     }
+    const int64_t blocks = head_blocks(kv_heads, chunk_tasks, threads), tasks = chunk_tasks * blocks;
+    const int64_t per_task = kv_heads / blocks, rows_per_task = per_task * group;  // KV heads, query heads
     static _Thread_local Scratch shared;  // the calling thread's, for its next call
-    const size_t floats = (size_t)(tasks * heads * (d + 2));
-    const size_t indices = (size_t)(2 * tasks + batch * most + 1);
+    const size_t floats = (size_t)(tasks * rows_per_task * (d + 2));
+    const size_t indices = (size_t)(2 * chunk_tasks + batch * most + 1);
     float *partial = scratch_reserve(&shared, sizeof(float) * floats + sizeof(int64_t) * indices);
     if (partial == NULL) return KERNELS_NO_MEMORY;
-    float *tops = partial + tasks * heads * d, *totals = tops + tasks * heads;
-    int64_t *task_request = (int64_t *)(totals + tasks * heads), *task_part = task_request + tasks;
-    int64_t *task_at = task_part + tasks;  // [batch, most]: the task of chunk p of request b
+    float *tops = partial + tasks * rows_per_task * d, *totals = tops + tasks * rows_per_task;
+    int64_t *task_request = (int64_t *)(totals + tasks * rows_per_task), *task_part = task_request + chunk_tasks;
+    int64_t *task_at = task_part + chunk_tasks;  // [batch, most]: the chunk task of chunk p of request b
     for (int64_t p = 0, t = 0; p < most; p++)
         for (int64_t b = 0; b < batch; b++)
             if (p < chunk_count(kv_lens[b], chunk_keys(kv_lens[b], row_bytes))) {
@@ -312,28 +324,32 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        // Each thread's scores ([query heads, widest]) and row offsets ([widest]), kept for its next call.
+        // Each thread's scores ([query heads of a task, widest]) and row offsets ([widest]), kept for its
+        // next call.
         static _Thread_local Scratch scratch;
-        float *scores = scratch_reserve(&scratch, (sizeof(float) * (size_t)heads + sizeof(int64_t)) * (size_t)widest);
+        float *scores =
+            scratch_reserve(&scratch, (sizeof(float) * (size_t)rows_per_task + sizeof(int64_t)) * (size_t)widest);
         if (scores == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
-        int64_t *rows = (int64_t *)(scores + heads * widest);
+        int64_t *rows = (int64_t *)(scores + rows_per_task * widest);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; t++) {
             if (scores == NULL) continue;
-            const int64_t b = task_request[t], ck = chunk_keys(kv_lens[b], row_bytes), start = task_part[t] * ck;
+            const int64_t b = task_request[t / blocks], ck = chunk_keys(kv_lens[b], row_bytes);
+            const int64_t start = task_part[t / blocks] * ck, first = t % blocks * per_task;  // its first KV head
             const int64_t n = kv_lens[b] - start < ck ? kv_lens[b] - start : ck;
             const int64_t keys = (n + KEYS - 1) / KEYS * KEYS;  // a last partial block dots the chunk's key 0 again
             const int64_t *slots = kv_slots + b * stride + start;
-            const float *qt = q + b * heads * d;
-            float *sums = partial + t * heads * d, *top = tops + t * heads, *total = totals + t * heads;
-            for (int64_t j = 0; j < keys; j++) rows[j] = slots[j < n ? j : 0] * row;
+            const float *qt = q + (b * heads + first * group) * d;
+            float *sums = partial + t * rows_per_task * d, *top = tops + t * rows_per_task;
+            float *total = totals + t * rows_per_task;
+            for (int64_t j = 0; j < keys; j++) rows[j] = slots[j < n ? j : 0] * row + first * d;
             // Keys: KEYS keys' rows, head after head. The keys AHEAD further are asked for a head at a
             // time, spread over the pass, with their values for the pass over them that follows.
             for (int64_t j = 0; j < keys; j += KEYS) {
-                for (int64_t h = 0; h < kv_heads; h++) {
+                for (int64_t h = 0; h < per_task; h++) {
                     for (int64_t u = j + AHEAD; u < j + AHEAD + KEYS && u < n; u++) {
                         prefetch_kv(k_pool, rows[u] + h * d, d, kv_bf16);
                         prefetch_kv(v_pool, rows[u] + h * d, d, kv_bf16);
@@ -345,26 +361,26 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
                     }
                 }
             }
-            for (int64_t r = 0; r < heads; r++) {
+            for (int64_t r = 0; r < rows_per_task; r++) {
                 top[r] = largest(scores + r * ck, n);
                 total[r] = exponentiate(scores + r * ck, n, top[r]);
             }
             // Values: KEYS keys' rows at a time, CHUNKS vectors of dimensions of every head a pass.
-            memset(sums, 0, sizeof(float) * (size_t)(heads * d));
+            memset(sums, 0, sizeof(float) * (size_t)(rows_per_task * d));
             for (int64_t j = 0; j < n; j += KEYS) {
                 const int64_t block = n - j < KEYS ? n - j : KEYS;
                 for (int64_t i = 0; i < d; i += CHUNKS * WIDTH) {
                     const int64_t chunks = (d - i) / WIDTH < CHUNKS ? (d - i) / WIDTH : CHUNKS;
                     if (block == KEYS && chunks == CHUNKS)
-                        add_values_block(scores + j, ck, group, kv_heads, v_pool, rows + j, i, kv_bf16, d, sums);
+                        add_values_block(scores + j, ck, group, per_task, v_pool, rows + j, i, kv_bf16, d, sums);
                     else
-                        add_values_tail(block, chunks, scores + j, ck, group, kv_heads, v_pool, rows + j, i, kv_bf16,
+                        add_values_tail(block, chunks, scores + j, ck, group, per_task, v_pool, rows + j, i, kv_bf16,
                                         d, sums);
                 }
             }
             if (start == 0 && n == kv_lens[b]) {  // the request's only chunk: its sums over its totals
-                float *o = out + b * heads * d;
-                for (int64_t r = 0; r < heads; r++) {
+                float *o = out + (b * heads + first * group) * d;
+                for (int64_t r = 0; r < rows_per_task; r++) {
                     const VecF divisor = vec_set1(total[r] > 0.0f ? total[r] : 1.0f);
                     for (int64_t i = 0; i < d; i += WIDTH)
                         vec_store(o + r * d + i, vec_div(vec_load(sums + r * d + i), divisor));
@@ -375,18 +391,18 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
         // largest score.
 #pragma omp for schedule(static)
         for (int64_t br = 0; br < batch * heads; br++) {
-            const int64_t b = br / heads, r = br % heads;
+            const int64_t b = br / heads, r = br % heads, block = r / rows_per_task, within = r % rows_per_task;
             const int64_t chunks = chunk_count(kv_lens[b], chunk_keys(kv_lens[b], row_bytes));
             if (chunks < 2) continue;
             float top = -INFINITY, total = 0.0f;
             for (int64_t c = 0; c < chunks; c++) {
-                const float chunk_top = tops[task_at[b * most + c] * heads + r];
+                const float chunk_top = tops[(task_at[b * most + c] * blocks + block) * rows_per_task + within];
                 top = chunk_top > top ? chunk_top : top;
             }
             float *o = out + br * d;
             for (int64_t i = 0; i < d; i += WIDTH) vec_store(o + i, vec_zero());
             for (int64_t c = 0; c < chunks; c++) {
-                const int64_t at = task_at[b * most + c] * heads + r;
+                const int64_t at = (task_at[b * most + c] * blocks + block) * rows_per_task + within;
                 const float weight = expf(tops[at] - top);
                 total += weight * totals[at];
                 for (int64_t i = 0; i < d; i += WIDTH)
