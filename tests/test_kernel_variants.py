@@ -250,6 +250,19 @@ def test_paged_attention_of_a_request_is_the_same_alone_as_in_a_batch(
         torch.set_num_threads(threads)
 
 
+def test_paged_attention_of_an_empty_batch_is_empty(kernels: CpuKernels) -> None:
+    """No requests, no tasks: an empty output, and the pool untouched."""
+    k_pool, v_pool = torch.randn(8, 2, 16), torch.randn(8, 2, 16)
+    before = k_pool.clone(), v_pool.clone()
+    none = torch.zeros(0, dtype=torch.int64)
+    out = kernels.paged_decode_attention(
+        torch.zeros(0, 4, 16), torch.zeros(0, 2, 16), torch.zeros(0, 2, 16), none, k_pool, v_pool,
+        torch.zeros(0, 4, dtype=torch.int64), none,
+    )  # fmt: skip
+    assert out.shape == (0, 64)
+    assert torch.equal(k_pool, before[0]) and torch.equal(v_pool, before[1])
+
+
 def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix: int) -> torch.Tensor:
     """A request's queries [n, heads, d] over its keys/values [prefix + n, kv_heads, d], token t seeing
     the first prefix + t + 1 → [n, heads * d], in fp64."""

@@ -240,6 +240,7 @@ static int64_t chunk_count(int64_t n, int64_t keys) { return n > keys ? (n + key
 // into this many blocks, a task each, so that every thread has work: a head's sums are the same whichever
 // task computes them. A divisor of kv_heads.
 static int64_t head_blocks(int64_t kv_heads, int64_t chunks, int threads) {
+    if (chunks < 1) return 1;  // an empty batch
     const int64_t wanted = (2 * threads + chunks - 1) / chunks;
     int64_t blocks = wanted < kv_heads ? wanted : kv_heads;
     while (kv_heads % blocks) blocks++;
