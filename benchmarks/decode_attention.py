@@ -1,10 +1,10 @@
 """Decode attention read in place from a bf16 KV pool (``kernels/cpu/paged_attention.c``) against this
 machine's memory: each request's K and V rows read by the kernel, and a plain sum over the same rows.
 
-Each case is B requests x L keys (distinct keys, in slot order, as a prompt's prefill leaves them) for
-LAYERS layers, each layer's pool larger than the caches; *GB/s* is the K and V bytes over the time.
-*of the sum*: the kernel's rate over the sum's, both measured in the same round; the median and range of
-ROUNDS rounds, the two alternating.
+Each case is B requests x L keys (distinct keys, in slot order, as a prompt's prefill leaves them),
+over as many layers' pools as make POOL_BYTES, read in turn, so that each pass reads memory, not a cache;
+*GB/s* is the K and V bytes over the time. *of the sum*: the kernel's rate over the sum's, both measured
+in the same round; the median and range of ``--rounds`` rounds, the two alternating.
 
 Run: python -m benchmarks.decode_attention [--kernels auto|c:avx2 ...] [--rounds 5]
 """
@@ -22,7 +22,8 @@ from benchmarks.machine import load_average, machine_info
 from minisgl.kernels.native import CpuKernels, resolve_kernels
 from minisgl.kernels.variants import KERNEL_CHOICES
 
-LAYERS = 8
+# All layers' K and V together: four times the 32 MiB L3 of the VMs this project measures on.
+POOL_BYTES = 128 << 20
 # (name, query heads, KV heads, head dim, requests, keys each)
 CASES = [
     ("135M, one long prompt", 9, 3, 64, 1, 2000),
@@ -50,7 +51,8 @@ def rates(
     """(kernel GB/s, sum GB/s) of each round for one case."""
     g = torch.Generator().manual_seed(0)
     slots = batch * length + batch
-    pools = [[torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2)] for _ in range(LAYERS)]
+    layers = -(-POOL_BYTES // (2 * slots * kv_heads * d * 2))
+    pools = [[torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2)] for _ in range(layers)]
     q = torch.randn(batch, heads, d, generator=g)
     k, v = (torch.randn(batch, kv_heads, d, generator=g) for _ in range(2))
     out_slots = torch.arange(batch * length, slots)
@@ -66,7 +68,7 @@ def rates(
             k_pool[: batch * length].sum()
             v_pool[: batch * length].sum()
 
-    gigabytes = 2 * batch * length * kv_heads * d * 2 * LAYERS / 1e9
+    gigabytes = 2 * batch * length * kv_heads * d * 2 * layers / 1e9
     return [(gigabytes / best_of(attend), gigabytes / best_of(read)) for _ in range(rounds)]
 
 

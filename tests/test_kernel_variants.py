@@ -228,7 +228,8 @@ def test_paged_attention_of_a_request_is_the_same_alone_as_in_a_batch(
 ) -> None:
     """Bit for bit, however the batch's tasks (chunks of a request's keys, merged after) fall to the
     threads: the greedy tokens of a request must not depend on who else is decoding. The lengths give
-    requests of one chunk and of several, at every shape; each thread count compares the two."""
+    requests of one chunk and of several at every shape. A request of one chunk alone has its KV heads
+    split over tasks, and in the batch it does not. Both thread counts are compared."""
     g = torch.Generator().manual_seed(d)
     slots, lens = 4096, [2000, 3, 129, 700]
     k_pool, v_pool = (torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2))
