@@ -1,9 +1,10 @@
 """Quality of each quantization mode on the default GGUF: perplexity on the built-in corpus and greedy
 agreement with the fp32 path, beside llama.cpp's perplexity on the same file and the same tokens.
 
-Scoring samples every row, so the quantized products keep two int8 digits of x there; a prompt's rows
-that are not sampled get one (``DecoderForCausalLM._coarse_rows``), which the greedy columns include. The
-`auto` row "every row one digit" bounds that: its perplexity from one-digit rows all the way.
+Scoring samples every row, so the quantized products keep two int8 digits of x there, but the MLP's
+gate/up, which takes one on every row (``GatedMLP.forward``); a prompt's rows that are not sampled get one
+everywhere (``DecoderForCausalLM._coarse_rows``), which the greedy columns include. The `auto` row "every
+row one digit" bounds that: perplexity and greedy tokens from one-digit rows all the way.
 
 Run: python -m benchmarks.quality [--max-tokens 32] [--out docs/benchmarks/quality.md]
 (quality figures, not timings: a busy machine gives the same numbers).
@@ -14,14 +15,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from unittest import mock
 
 import numpy as np
 import torch
 
-from benchmarks.corpus import GUIDELINES, PERSONAS, QUESTIONS
+from benchmarks.corpus import CHAT_MESSAGES, GUIDELINES, PERSONAS, QUESTIONS
 from benchmarks.peers.amx import load_llama
 from minisgl import LLM, SamplingParams
 from minisgl.models.decoder import DecoderForCausalLM
@@ -29,7 +31,24 @@ from minisgl.models.gguf import default_model_path
 from minisgl.models.perplexity import perplexity
 
 TEXT = " ".join(PERSONAS + GUIDELINES[:10])
-PROMPTS = [*QUESTIONS, *(f"Explain this: {g}" for g in GUIDELINES[:16])]
+# Chat prompts, many: the agreement over 32 of them moved by several points between builds that differ
+# only in the last bits.
+PROMPTS = [
+    *QUESTIONS,
+    *(f"Answer briefly: {q}" for q in QUESTIONS),
+    *CHAT_MESSAGES,
+    *(
+        f"{prefix}: {g}"
+        for prefix in (
+            "Explain this",
+            "Rewrite this more simply",
+            "Give an example of this rule",
+            "Why does this matter?",
+        )
+        for g in GUIDELINES
+    ),
+    *(f"{prefix}: {p}" for prefix in ("Who might say this?", "Describe this person") for p in PERSONAS),
+]
 # (quantization, dtype, every row one digit)
 MODES = (
     ("none", "float32", False), ("auto", "float32", False), ("auto", "float32", True), ("int8", "float32", False),
@@ -37,13 +56,19 @@ MODES = (
 )  # fmt: skip
 
 
-def every_row_coarse() -> mock._patch:
-    """While entered, every row of every pass is rounded to one digit, the sampled ones too."""
+@contextmanager
+def every_row_coarse(model: DecoderForCausalLM) -> Iterator[None]:
+    """While entered, every row of every pass is rounded to one digit, the sampled ones too: decode
+    steps run layer by layer (the fused step keeps two digits outside gate/up)."""
 
     def coarse(model: DecoderForCausalLM, tokens: int, logit_rows: torch.Tensor) -> torch.Tensor | None:
         return None if model.kernels is None else torch.ones(tokens, dtype=torch.bool)
 
-    return mock.patch.object(DecoderForCausalLM, "_coarse_rows", coarse)
+    with (
+        mock.patch.object(DecoderForCausalLM, "_coarse_rows", coarse),
+        mock.patch.object(model, "_fused_decoder", None),
+    ):
+        yield
 
 
 def llama_cpp_perplexity(gguf: Path, token_ids: list[int]) -> float | None:
@@ -67,13 +92,15 @@ def greedy(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[list[int
 def agreement(outs: list[list[int]], reference: list[list[int]]) -> tuple[float, float]:
     """Share of prompts with identical tokens, and mean share of tokens before the first difference."""
     same = sum(o == r for o, r in zip(outs, reference)) / len(reference)
-    prefix = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), len(r)) / len(r) for o, r in zip(outs, reference)]
+    prefix = [
+        next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), len(r)) / len(r) for o, r in zip(outs, reference)
+    ]
     return same, sum(prefix) / len(prefix)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/quality.md"))
     args = parser.parse_args()
     gguf = default_model_path()
@@ -83,7 +110,7 @@ def main() -> None:
         token_ids = llm.tokenizer.encode(TEXT)
         prompts = [llm.apply_chat_template([{"role": "user", "content": q}]) for q in PROMPTS]
         engine = llm.scheduler.engine  # scored through its own attention: its KV dtype and kernels
-        with every_row_coarse() if one_digit else nullcontext():
+        with every_row_coarse(engine.model) if one_digit else nullcontext():
             ppl = perplexity(engine.model, token_ids, prepare=engine.scoring_attention(len(token_ids)).prepare)
             outs = greedy(llm, prompts, args.max_tokens)
         reference = reference or outs  # the first mode, fp32 dense, is the reference
@@ -94,7 +121,9 @@ def main() -> None:
         llm.shutdown()
     assert token_ids is not None
     ref_ppl = llama_cpp_perplexity(gguf, token_ids)
-    rows.append(f"| llama.cpp (llama-cpp-python), the GGUF as stored | {'n/a (not installed)' if ref_ppl is None else f'{ref_ppl:.3f}'} | | |")
+    rows.append(
+        f"| llama.cpp (llama-cpp-python), the GGUF as stored | {'n/a (not installed)' if ref_ppl is None else f'{ref_ppl:.3f}'} | | |"
+    )
     table = "\n".join(
         [
             (

@@ -261,8 +261,9 @@ def test_auto_perplexity_with_every_row_coarse_close_to_fp32(
 
 
 def test_only_rows_that_are_not_sampled_are_rounded_coarse(auto_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every quantized product of a prefill gets the prompt's rows before its last marked coarse; the
-    sampled rows (the prompt's last, then each decoded token) and the LM head are never marked."""
+    """Every quantized product of a prefill gets the prompt's rows before its last marked coarse, but
+    the MLP's gate/up, which gets every row; the sampled rows (the prompt's last, then each decoded
+    token) of the others and the LM head are never marked."""
     marks: list[list[bool] | None] = []
     forward = QuantizedWeight.forward
 
@@ -278,7 +279,8 @@ def test_only_rows_that_are_not_sampled_are_rounded_coarse(auto_llm: LLM, monkey
     marked = [m for m in marks if m is not None]
     layers = auto_llm.scheduler.engine.model.config.num_layers
     assert len(marked) == 4 * layers  # QKV, output, gate/up and down of the prefill pass
-    assert all(m == [True] * (len(prompt) - 1) + [False] for m in marked)
+    every_row, not_sampled = [True] * len(prompt), [True] * (len(prompt) - 1) + [False]
+    assert marked == [not_sampled, not_sampled, every_row, not_sampled] * layers
     assert len(marks) > len(marked)  # the LM head's products (and any decode step's) unmarked
 
 
@@ -300,6 +302,46 @@ def test_fused_decode_step_matches_the_layer_by_layer_one(auto_llm: LLM, monkeyp
     value and grow from step to step, so only the first step (the same inputs) is compared."""
     assert auto_llm.scheduler.engine.pool.k.dtype == torch.bfloat16
     assert_fused_matches_layers(auto_llm, monkeypatch, steps=1)
+
+
+def test_fused_decode_rounds_gate_up_to_one_digit(auto_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused step's gate/up takes every row at one digit, as ``GatedMLP``'s does: its first decode
+    step is far closer to the layer-by-layer one (the same bits here) than to that one with two-digit
+    gate/up rows."""
+    model, engine = auto_llm.scheduler.engine.model, auto_llm.scheduler.engine
+    if model._fused_decoder is None:
+        pytest.skip("no C kernels here")
+    monkeypatch.setattr(auto_llm.scheduler, "drafter", None)
+    run_model, forward = engine.run_model, QuantizedWeight.forward
+    decoding = False
+    first_steps: list[torch.Tensor] = []
+
+    def recording(batch: Batch) -> torch.Tensor:
+        nonlocal decoding
+        decoding = batch.attention is AttentionKind.DECODE
+        logits = run_model(batch)
+        if decoding:
+            first_steps.append(logits.clone())
+        return logits
+
+    def first_step() -> torch.Tensor:
+        first_steps.clear()
+        auto_llm.flush_cache()
+        params = SamplingParams(max_tokens=2, ignore_eos=True)
+        auto_llm.generate([[5, 9, 200, 17, 33], [7, 7, 81, 4]], params, use_tqdm=False)
+        return first_steps[0]
+
+    monkeypatch.setattr(engine, "run_model", recording)
+    fused = first_step()
+    monkeypatch.setitem(model.__dict__, "_fused_decoder", None)
+    layers = first_step()
+    # In a decode step only gate/up gets marks (every row); dropping them gives it two digits.
+    monkeypatch.setattr(
+        QuantizedWeight, "forward", lambda self, x, coarse=None: forward(self, x, None if decoding else coarse)
+    )
+    two_digit = first_step()
+    assert (fused - layers).abs().max() * 10 < (fused - two_digit).abs().max()
+    auto_llm.scheduler.check_accounting()
 
 
 @pytest.mark.parametrize(

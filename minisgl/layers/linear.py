@@ -105,7 +105,8 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor, coarse: torch.Tensor | None = None) -> torch.Tensor:
         """``coarse``: [rows] bool, the rows a quantized weight may round to one int8 digit (the
-        engine marks those whose outputs are not sampled); a dense weight ignores it."""
+        engine marks those whose outputs are not sampled, and every row of an MLP's gate/up); a dense
+        weight ignores it."""
         p = self.partition
         if p is None or p.kind == "column":
             return self._matmul(x, self.bias, coarse)

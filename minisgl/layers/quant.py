@@ -11,7 +11,8 @@ weight (with its group scales) against fp32's 4. Two formats:
 Both are stored in tiles of 16 output rows (kernels.h's Int4 / Int8): ``minisgl/kernels/cpu/quant_gemm.c``
 multiplies them with fp32 rows at every row count, decode and prefill alike (integer dot products with
 AVX-512 VNNI, AVX-VNNI or AVX2, as llama.cpp does; x rounded to two int8 digits per group of 32, or
-to one on the rows the caller marks ``coarse``: a prompt's rows that are not sampled), each row the same
+to one on the rows the caller marks ``coarse``: a prompt's rows that are not sampled, and every row of
+an MLP's gate/up), each row the same
 whatever the batch. Without the C kernels, torch's run instead: its weight-only kernels
 (``aten._weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm``: bf16 activations, their packed
 copies made on first use) for up to ``max_kernel_rows`` rows (``minisgl/tuning.py``, measured by

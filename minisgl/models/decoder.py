@@ -299,8 +299,8 @@ class DecoderForCausalLM(nn.Module):
         the C kernels do not run. Such a row (a prompt token before the last) only leaves its K/V for
         later tokens; rounding its x to one int8 digit, as llama.cpp rounds every row, halves the
         products' work in a prefill, while every sampled row (decode, a prompt's last token, draft
-        verification, scoring) keeps two. Which rows these are depends on the request alone, never
-        on the batch it is in."""
+        verification, scoring) keeps two, except in the MLP's gate/up (``GatedMLP.forward``). Which
+        rows these are depends on the request alone, never on the batch it is in."""
         if self.kernels is None or len(logit_rows) == tokens:
             return None
         coarse = torch.ones(tokens, dtype=torch.bool)

@@ -14,12 +14,12 @@
 //
 // x is rounded once per group of 32 columns to two int8 digits, x / step ~ high + low / 256: 15 bits
 // below the group's largest value; or, for the rows the caller marks `coarse`, to the high digit alone
-// (llama.cpp's Q8 activations: low = 0), which takes half the dot products. (A build that rounded every
-// row to one digit lost about half of the greedy agreement with fp32 in benchmarks.quality: the engine
-// marks only the rows whose outputs are not sampled.) A register tile computes one vector of output
-// rows against up to GEMM_ROWS rows of x: a group's eight 4-column dot products per digit sum in int32
-// per lane (vpdpbusd, unsigned by signed: int8 codes go in offset by 128, taken back out with the
-// digits' sum) before the one conversion that applies the group's step.
+// (llama.cpp's Q8 activations: low = 0), which takes half the dot products. (Every row of every product
+// at one digit loses greedy agreement with fp32 in benchmarks.quality: the engine marks the rows whose
+// outputs are not sampled, and every row of an MLP's gate/up, layers/mlp.py.) A register tile computes
+// one vector of output rows against up to GEMM_ROWS rows of x: a group's eight 4-column dot products per
+// digit sum in int32 per lane (vpdpbusd, unsigned by signed: int8 codes go in offset by 128, taken back
+// out with the digits' sum) before the one conversion that applies the group's step.
 // With AVX2 alone: int4 codes by the digits in int16 pairs (vpmaddubsw), a group's summed in int16
 // (at most 16 x 15 x 127), widened once per digit (vpmaddwd); int8 codes widened to int16 and
 // multiplied by both digits at once as one int16, 256 high + low (vpmaddwd).
