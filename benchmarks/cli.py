@@ -67,20 +67,7 @@ def parser() -> argparse.ArgumentParser:
         help="one more minisgl server to load, started with these `python -m minisgl serve` flags "
         "(repeatable), e.g. --serve 'minisgl-bf16-fcfs=--dtype bfloat16 --schedule-policy fcfs'",
     )
-    p.add_argument(
-        "--peers",
-        type=comma_names(PEERS),
-        default=list(PEERS),
-        help="peer servers, comma-separated ('none' for none; install with python -m benchmarks.peers setup): "
-        + ",".join(PEERS),
-    )
-    p.add_argument(
-        "--llama-server-parallel",
-        type=lambda v: [int(x) for x in v.split(",")],
-        default=[1, 4],
-        help="llama-server slot counts (-np) to run, comma-separated; each is its own system",
-    )
-    p.add_argument("--vllm-kv-cache-gib", type=float, default=1.0, help="VLLM_CPU_KVCACHE_SPACE (minisgl's default)")
+    add_peer_arguments(p, default_peers=list(PEERS), default_slots=[1, 4])
     p.add_argument(
         "--reference",
         default="minisgl",
@@ -109,6 +96,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrency", type=int, default=None, help="online: most requests in flight")
     add_size_arguments(p)
     return p
+
+
+def add_peer_arguments(p: argparse.ArgumentParser, default_peers: list[str], default_slots: list[int]) -> None:
+    """``--peers``, ``--llama-server-parallel`` and ``--vllm-kv-cache-gib`` (``online_systems.peer_systems``
+    reads them)."""
+    p.add_argument(
+        "--peers",
+        type=comma_names(PEERS),
+        default=default_peers,
+        help="peer servers, comma-separated ('none' for none; install with python -m benchmarks.peers setup): "
+        + ",".join(PEERS),
+    )
+    p.add_argument(
+        "--llama-server-parallel",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=default_slots,
+        help="llama-server slot counts (-np) to run, comma-separated; each is its own system",
+    )
+    p.add_argument("--vllm-kv-cache-gib", type=float, default=1.0, help="VLLM_CPU_KVCACHE_SPACE (minisgl's default)")
 
 
 def add_size_arguments(p: argparse.ArgumentParser) -> None:

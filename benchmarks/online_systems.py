@@ -46,6 +46,12 @@ def minisgl_variant(name: str, args: argparse.Namespace) -> Factory:
 def online_systems(args: argparse.Namespace, opts: SystemOptions) -> dict[str, Factory]:
     systems = {name: minisgl_variant(name, args) for name in args.online}
     systems |= {name: minisgl_with_flags(name, args, shlex.split(flags)) for name, flags in args.serve}
+    return systems | peer_systems(args, opts)
+
+
+def peer_systems(args: argparse.Namespace, opts: SystemOptions) -> dict[str, Factory]:
+    """The peers ``cli.add_peer_arguments``' flags ask for."""
+    systems: dict[str, Factory] = {}
     if "llama-server" in args.peers:
         from benchmarks.peers.llama_server import LlamaServer
 

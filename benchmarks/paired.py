@@ -21,8 +21,15 @@ Issue #21, one user through the server against offline (at least 0.95x)::
 
     python -m benchmarks.paired --systems offline:minisgl,minisgl --workloads single-stream
 
+Peers (``--peers vllm,llama-server``, after the minisgl configurations) take their turns alike. Issue #20,
+the shared-prefix burst and random prompts at most 0.7x vLLM CPU's wall (vllm's column: minisgl's wall
+over vLLM's; the harness's sizes)::
+
+    python -m benchmarks.paired --model scale-1.7b --systems minisgl --peers vllm \
+        --workloads shared-prefix,random --groups 1 --prompts-per-group 16
+
 Options: ``--repeats 6``, ``--model MODEL`` (as for ``python -m benchmarks``), ``--out FILE.md``, workload
-sizes as for ``python -m benchmarks``.
+sizes and peer settings as for ``python -m benchmarks``.
 """
 
 from __future__ import annotations
@@ -37,12 +44,14 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from benchmarks.cli import add_size_arguments, comma_names, sizes_of
+from benchmarks.cli import add_peer_arguments, add_size_arguments, comma_names, sizes_of
+from benchmarks.dense_folder import dense_folder
 from benchmarks.machine import OtherLoad, load_average, machine_info, usable_cores
 from benchmarks.offline import run_offline, warm_up
 from benchmarks.online import run_online
-from benchmarks.online_systems import minisgl_variant, minisgl_with_flags, parse_serve
+from benchmarks.online_systems import minisgl_variant, minisgl_with_flags, parse_serve, peer_systems
 from benchmarks.scale_model import resolve_scale_model
+from benchmarks.suite import gguf_of
 from benchmarks.systems import MINISGL_VARIANTS, SystemOptions, make_system
 from benchmarks.systems.base import OfflineSystem, OnlineSystem
 from benchmarks.workloads import WORKLOADS, Workload, build
@@ -74,6 +83,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--token-source", choices=["text", "random"], default="text", help="as for python -m benchmarks")
     p.add_argument("--out", type=Path, default=None, help="also write the report to this markdown file")
+    add_peer_arguments(p, default_peers=[], default_slots=[4])
     add_size_arguments(p)
     return p
 
@@ -148,18 +158,20 @@ def online_runner(server: OnlineSystem, tokenizer: PreTrainedTokenizerBase, seed
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    names = [*args.systems, *(name for name, _ in args.serve)]
-    if len(set(names)) < 2 or len(set(names)) < len(names) or args.repeats < 1:
-        raise SystemExit("need two or more distinct configurations (--systems, --serve) and one round or more")
     args.model = resolve_scale_model(args.model)
-    folder = resolve_model_path(args.model)
+    folder, gguf = resolve_model_path(args.model), gguf_of(args.model)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     workloads = build(args.workloads, tokenizer, sizes_of(args), args.seed, args.token_source)
     served = argparse.Namespace(model=args.model, dtype="float32", device="auto", threads=args.threads)
     opts = SystemOptions(
-        model=args.model, hf_folder=folder, gguf=None, threads=args.threads,
+        model=args.model, gguf=gguf, threads=args.threads,
+        hf_folder=dense_folder(gguf) if gguf is not None and "vllm" in args.peers else folder,  # vLLM reads folders
         max_seq_len=max(w.max_seq_len() for w in workloads) + 64,  # + the warm-up's few tokens
     )  # fmt: skip
+    peers = peer_systems(args, opts)
+    names = [*args.systems, *(name for name, _ in args.serve), *peers]
+    if len(set(names)) < 2 or len(set(names)) < len(names) or args.repeats < 1:
+        raise SystemExit("need two or more distinct configurations (--systems, --serve, --peers) and one round or more")
     header = [
         "# Paired A/B",
         "",
@@ -187,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
             server = stack.enter_context(minisgl_with_flags(name, served, shlex.split(flags))())
             runners[name] = online_runner(server, tokenizer, args.seed)
             header.append(f"- {name}: {server.description}")
+        for name, factory in peers.items():
+            peer = stack.enter_context(factory())
+            runners[name] = online_runner(peer, tokenizer, args.seed)
+            header.append(f"- {name}: {peer.description}")
         for r in range(args.repeats):
             for w in workloads:
                 for name in order(names, r):

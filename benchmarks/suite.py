@@ -33,7 +33,7 @@ from minisgl.models.source import resolve_model_path
 logger = logging.getLogger("benchmarks")
 
 
-def _gguf_of(model: str | None) -> Path | None:
+def gguf_of(model: str | None) -> Path | None:
     """The GGUF file a run's model is (None: the default model's), or None for a folder."""
     return default_model_path() if model is None else Path(model) if model.endswith(".gguf") else None
 
@@ -42,7 +42,7 @@ def _options(args: argparse.Namespace, hf_folder: Path, workloads: list[Workload
     return SystemOptions(
         model=args.model,
         hf_folder=hf_folder,
-        gguf=_gguf_of(args.model),
+        gguf=gguf_of(args.model),
         threads=args.threads,
         dtype=args.dtype,
         device=args.device,
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     sizes = sizes_of(args)
     args.model = resolve_scale_model(args.model)  # a scale model's name: its GGUF, written on first use
     hf_folder = resolve_model_path(args.model)
-    gguf = _gguf_of(args.model)
+    gguf = gguf_of(args.model)
     if gguf is not None and ({"hf", "hf-batch"} & set(args.systems) or "vllm" in args.peers):
         hf_folder = dense_folder(gguf)  # those peers load weights from a folder only
     tokenizer = AutoTokenizer.from_pretrained(str(hf_folder))

@@ -20,7 +20,7 @@ from conftest import llama_cpp_and_default_gguf
 from benchmarks.child import ChildFailed, call_in_child, run_child
 from benchmarks.cli import parser
 from benchmarks.machine import cpu_flags
-from benchmarks.online_systems import online_systems, parse_serve
+from benchmarks.online_systems import online_systems, parse_serve, peer_systems
 from benchmarks.peers import amx
 from benchmarks.systems import SystemOptions, Unavailable
 
@@ -149,6 +149,18 @@ def test_minisgl_variants_come_from_serve_flags() -> None:
     naive = systems["minisgl-naive"].server.command_for_port(9000)  # type: ignore[attr-defined]
     assert naive[naive.index("--cache-type") + 1] == "naive"
 
+
+
+def test_paired_takes_the_peers_after_its_configurations(installed_peers: Path) -> None:
+    """``benchmarks.paired`` has no peer unless asked (its turns would double a minisgl A/B's time); asked,
+    it gets them from the harness's own flags, one llama-server (4 slots) unless told otherwise."""
+    from benchmarks import paired
+
+    assert paired.parser().parse_args([]).peers == []
+    args = paired.parser().parse_args(["--peers", "vllm,llama-server", "--vllm-kv-cache-gib", "2"])
+    systems = {name: make() for name, make in peer_systems(args, _options(Path("m.gguf"))).items()}
+    assert list(systems) == ["llama-server-np4", "vllm"]
+    assert systems["vllm"].env["VLLM_CPU_KVCACHE_SPACE"] == "2"  # type: ignore[attr-defined]
 
 
 def test_amx_cpus_run_llama_cpp_without_its_extra_buffer_types(
