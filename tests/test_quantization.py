@@ -245,8 +245,9 @@ def test_auto_perplexity_close_to_fp32(auto_llm: LLM, smollm: LLM) -> None:
 def test_auto_perplexity_with_every_row_coarse_close_to_fp32(
     auto_llm: LLM, smollm: LLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Scored rows are sampled, so keep two digits; rounding every row to one, as a prompt's unsampled
-    rows are, bounds what that costs: each token's logits from one-digit rows all the way."""
+    """Scored rows are sampled, so keep two digits outside the MLP's gate/up; rounding every row to one,
+    as a prompt's unsampled rows are, bounds what that costs: each token's logits from one-digit rows all
+    the way."""
     ids = smollm.tokenizer.encode(TEXT)
     fp32 = perplexity(smollm.scheduler.engine.model, ids, chunk=32)
     engine = auto_llm.scheduler.engine
