@@ -1,6 +1,7 @@
 """The quantized weights' product paths per weight, at several row counts, on the projections of the
 default model and of a 1.7B one (SmolLM2-1.7B's shapes): the C kernel (``quant_gemm.c``, every row
-count), torch's weight-only kernel and the weight expanded to bf16 with torch's bf16 GEMM (the
+count; x at two int8 digits, as sampled rows are, and at one, as a prompt's other rows and every row of
+an MLP's gate/up are), torch's weight-only kernel and the weight expanded to bf16 with torch's bf16 GEMM (the
 fallback without the C kernels), and dense packed bf16 and fp32 products beside them.
 ``INT4_MAX_KERNEL_ROWS`` / ``INT8_MAX_KERNEL_ROWS`` (``minisgl/tuning.py``: where torch's kernel stops
 beating the expansion) are set from the "torch faster" column.
@@ -17,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.machine import cpu_flags, load_average, machine_info
+from minisgl.engine.heap import retain_freed_memory
 from minisgl.kernels.native import resolve_kernels
 from minisgl.kernels.variants import KERNEL_CHOICES
 from minisgl.layers.linear import Linear, pack_weights
@@ -56,6 +58,7 @@ def main() -> None:
         "--kernels", default="auto", choices=KERNEL_CHOICES, help="EngineConfig.kernels: c:avx2 forces that build"
     )
     args = parser.parse_args()
+    retain_freed_memory()  # as the engine does: a large output's fresh pages would fault on every call
     if args.threads:
         torch.set_num_threads(args.threads)
     kernels = resolve_kernels(args.kernels)
@@ -67,9 +70,10 @@ def main() -> None:
     )
     print(f"# load average at start: {load_average()}")
     print(
-        "| size | weight | format | rows | C kernel ms | torch kernel ms | bf16 expansion ms | dense bf16 ms | dense fp32 ms | torch faster |"
+        "| size | weight | format | rows | C kernel ms | C kernel, one digit ms | torch kernel ms | bf16 expansion ms "
+        "| dense bf16 ms | dense fp32 ms | torch faster |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     torch.manual_seed(0)
     with torch.inference_mode():
         for size in args.sizes:
@@ -85,14 +89,16 @@ def main() -> None:
                     for rows in args.rows:
                         x = torch.randn(rows, k)
                         xb = x.bfloat16()
+                        every_row = torch.ones(rows, dtype=torch.bool)
                         t_c = seconds(lambda: c_matmul(x)) if c_matmul is not None else float("nan")
+                        t_one = seconds(lambda: c_matmul(x, every_row)) if c_matmul is not None else float("nan")
                         t_kernel = seconds(lambda: q.kernel(x))
                         t_many = seconds(lambda: q.many_rows(x))
                         t_bf16 = seconds(lambda: bf16(xb))
                         t_fp32 = seconds(lambda: fp32(x))
                         faster = "kernel" if t_kernel < t_many else "expansion"
                         print(
-                            f"| {size} | {name} | {fmt} | {rows} | {t_c * 1e3:.2f} | {t_kernel * 1e3:.2f} | "
+                            f"| {size} | {name} | {fmt} | {rows} | {t_c * 1e3:.2f} | {t_one * 1e3:.2f} | {t_kernel * 1e3:.2f} | "
                             f"{t_many * 1e3:.2f} | {t_bf16 * 1e3:.2f} | {t_fp32 * 1e3:.2f} | {faster} |",
                             flush=True,
                         )
