@@ -50,8 +50,7 @@ from benchmarks.machine import OtherLoad, load_average, machine_info, usable_cor
 from benchmarks.offline import run_offline, warm_up
 from benchmarks.online import run_online
 from benchmarks.online_systems import minisgl_variant, minisgl_with_flags, parse_serve, peer_systems
-from benchmarks.scale_model import resolve_scale_model
-from benchmarks.suite import gguf_of
+from benchmarks.scale_model import gguf_of, resolve_scale_model
 from benchmarks.systems import MINISGL_VARIANTS, SystemOptions, make_system
 from benchmarks.systems.base import OfflineSystem, OnlineSystem
 from benchmarks.workloads import WORKLOADS, Workload, build

@@ -90,6 +90,12 @@ def resolve_scale_model(model: str | None) -> str | None:
     return model if scale is None else str(write_scale_model(scale.shape, scale.path))
 
 
+def gguf_of(model: str | None) -> Path | None:
+    """The GGUF file a run's model (after ``resolve_scale_model``) is: the default model's for None, None
+    for a folder."""
+    return default_model_path() if model is None else Path(model) if model.endswith(".gguf") else None
+
+
 def write_scale_model(shape: ScaleShape, path: Path, seed: int = 0, tokenizer_from: Path | None = None) -> Path:
     """Write a model of ``shape`` to ``path`` (atomically) unless the file exists; return its path.
     Its tokenizer and vocabulary size are those of the GGUF ``tokenizer_from`` (default: the default

@@ -23,19 +23,13 @@ from benchmarks.online_systems import Factory, online_systems
 from benchmarks.plots import draw_all
 from benchmarks.report import markdown, plain, write_json
 from benchmarks.results import RunResult
-from benchmarks.scale_model import resolve_scale_model
+from benchmarks.scale_model import gguf_of, resolve_scale_model
 from benchmarks.server import server_available
 from benchmarks.systems import SystemOptions, Unavailable, make_system
 from benchmarks.workloads import Workload, build
-from minisgl.models.gguf import default_model_path
 from minisgl.models.source import resolve_model_path
 
 logger = logging.getLogger("benchmarks")
-
-
-def gguf_of(model: str | None) -> Path | None:
-    """The GGUF file a run's model is (None: the default model's), or None for a folder."""
-    return default_model_path() if model is None else Path(model) if model.endswith(".gguf") else None
 
 
 def _options(args: argparse.Namespace, hf_folder: Path, workloads: list[Workload]) -> SystemOptions:

@@ -39,7 +39,7 @@ class GatedMLP(nn.Module):
         decode step does the same, ``decode_layer.c``): it is half of a dense MLP's products, so
         half of what the second digit costs a decode batch, and its x is a normed hidden state. What
         that costs in greedy agreement with fp32 is in ``python -m benchmarks.quality``."""
-        every_row = torch.ones(len(x), dtype=torch.bool)
+        every_row = torch.ones(len(x), dtype=torch.bool) if self.gate_up_proj.quantized is not None else None
         if len(x) <= MLP_BAND_ROWS:
             return self.down_proj(self._act_and_mul(self.gate_up_proj(x, every_row)), coarse)
         # A long prefill pass a band of rows at a time: its intermediate activations (3 x intermediate
@@ -48,7 +48,7 @@ class GatedMLP(nn.Module):
         for start in range(0, len(x), MLP_BAND_ROWS):
             band = x[start : start + MLP_BAND_ROWS]
             marks = None if coarse is None else coarse[start : start + len(band)]
-            gate_up = self.gate_up_proj(band, every_row[: len(band)])
+            gate_up = self.gate_up_proj(band, None if every_row is None else every_row[start : start + len(band)])
             out[start : start + len(band)] = self.down_proj(self._act_and_mul(gate_up), marks)
         return out
 
