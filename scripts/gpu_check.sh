@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# CUDA check, sized for < 5 minutes on one GPU: the correctness tests (device="auto" picks CUDA), then
-# a short offline throughput run. Tensor parallelism over NCCL needs one GPU per rank: it runs only
-# when at least 2 GPUs are visible (TP tests on CPU/gloo run in any case).
-set -euo pipefail
+# CUDA check: the whole test suite with CUDA visible (device="auto" picks it; tests of the CPU's own
+# kernels pin device="cpu"), then an offline throughput run of the default model on CUDA in each mode.
+# Tensor parallelism over NCCL needs one GPU per rank: its tests run on CPU/gloo here.
+# docs/cuda.md says what the last run on a GPU found.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 
 python - <<'PY'
@@ -11,11 +12,9 @@ assert torch.cuda.is_available(), "no CUDA device visible to torch (is this the 
 print(f"torch {torch.__version__}, {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")
 PY
 
-timeout 200 python -m pytest -q -x \
-  tests/test_engine_tiny.py tests/test_engine_smollm.py tests/test_sampling_and_errors.py \
-  tests/test_attention_backend.py tests/test_tensor_parallel.py
+python -m pytest -q -rfEs
+status=$?
 
-# -c, not stdin: spawned tensor-parallel ranks re-import the main script, which stdin has no file for.
 BENCH=$(cat <<'PY'
 import time
 
@@ -34,22 +33,20 @@ def run(**options):
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     generated = sum(len(o["token_ids"]) for o in outs)
-    print(f"{options or 'tp_size=1'}: 64 x (256 prompt + 128 new) tokens in {elapsed:.2f} s, "
-          f"{generated / elapsed:.0f} generated tok/s, {64 * 384 / elapsed:.0f} total tok/s")
-    tokens = [o["token_ids"] for o in outs]
+    print(f"{options or 'defaults'}: 64 x (256 prompt + 128 new) tokens in {elapsed:.2f} s, "
+          f"{generated / elapsed:.0f} generated tok/s, peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
     llm.scheduler.check_accounting()
+    tokens = [o["token_ids"] for o in outs]
     llm.shutdown()
     return tokens
 
 
 if __name__ == "__main__":
-    single = run()
-    if torch.cuda.device_count() >= 2:
-        sharded = run(tp_size=2)
-        same = sum(a == b for a, b in zip(single, sharded))
-        print(f"TP=2 over NCCL: {same}/{len(single)} greedy outputs identical to TP=1")
-        # Reduction order differs across ranks, so a rare near-tie may flip; many flips are a bug.
-        assert same >= 0.9 * len(single), "TP=2 diverges from TP=1 beyond fp32 reduction-order noise"
+    base = run()
+    for options in ({"quantization": "none"}, {"dtype": "bfloat16"}):
+        other = run(**options)
+        print(f"  greedy outputs identical to the defaults': {sum(a == b for a, b in zip(base, other))}/64")
 PY
 )
-timeout 80 python -c "$BENCH"
+timeout 300 python -c "$BENCH" || status=1
+exit $status

@@ -105,7 +105,7 @@ def test_a_decoding_batch_keeps_each_request_s_keys_in_runs(tmp_path: Path) -> N
     for req, ids in zip(reqs, prompts):
         assert req.row >= 0 and not req.is_prefilling, req.rid  # still running
         run = table[req.row, len(ids) : len(ids) + DECODE_RUN]
-        assert torch.equal(run, run[0] + torch.arange(DECODE_RUN)), req.rid
+        assert torch.equal(run, run[0] + torch.arange(DECODE_RUN, device=run.device)), req.rid
         assert req.allocated_len == len(ids) + DECODE_RUN  # the run's end: no more yet
     while sched.has_work:
         sched.step()
@@ -134,7 +134,7 @@ def test_a_cpu_engine_keeps_freed_memory_for_the_next_pass(tmp_path: Path, monke
     libc.mallinfo2.restype = MallInfo2
     calls: list[bool] = []
     monkeypatch.setattr(engine_module, "retain_freed_memory", lambda: calls.append(retain_freed_memory()))
-    LLM(str(build_tiny_model("llama", tmp_path / "llama")), num_page_override=64)
+    LLM(str(build_tiny_model("llama", tmp_path / "llama")), num_page_override=64, device="cpu")
     assert calls == [True]
     mapped = libc.mallinfo2().hblkhd
     temporary = torch.ones(1 << 24)

@@ -103,7 +103,7 @@ def test_logits_match_transformers(gemma_folder: Path) -> None:
     llm = LLM(str(gemma_folder), quantization="none", num_page_override=64)
     try:
         ours = sequence_logits(llm.scheduler.engine.model, ids, chunk=5)
-        torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(ours.cpu(), expected, atol=1e-4, rtol=1e-4)
     finally:
         llm.shutdown()
 
@@ -219,9 +219,10 @@ def test_mixed_quantization_runs_quantized_where_a_kernel_exists(
     mix = {"token_embd": Q.Q6_K, "attn_q": Q.Q4_K, "attn_k": Q.Q5_0, "attn_v": Q.Q6_K, "attn_output": Q.Q3_K,
            "ffn_gate": Q.Q4_K, "ffn_up": Q.Q4_K, "ffn_down": Q.Q8_0}  # fmt: skip
     path = write_gguf(folder, tmp_path / "mix.gguf", "default", qtype=mix, spm=gemma_vocab())
-    exact = LLM(str(path), quantization="none", num_page_override=256)
+    # The CPU's kernels: on CUDA the layers hold dense copies of the quantized values.
+    exact = LLM(str(path), quantization="none", num_page_override=256, device="cpu")
     with caplog.at_level(logging.INFO, logger="minisgl.loader"):
-        quantized = LLM(str(path), num_page_override=256)  # auto
+        quantized = LLM(str(path), num_page_override=256, device="cpu")  # auto
     try:
         model = quantized.scheduler.engine.model
         layer = model.model.layers[0]
@@ -249,7 +250,7 @@ def test_int4_gemma_layers_go_layer_by_layer(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
     folder = build_tiny_model("gemma3", tmp_path / "m")
     path = write_gguf(folder, tmp_path / "q4_0.gguf", "default", qtype=Q.Q4_0, spm=gemma_vocab())
-    llm = LLM(str(path), num_page_override=64)
+    llm = LLM(str(path), num_page_override=64, device="cpu")
     try:
         model = llm.scheduler.engine.model
         assert all(isinstance(m.quantized, Int4Weight) for m in model.modules() if isinstance(m, Linear))

@@ -250,6 +250,11 @@ class DecoderForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model runs: its final norm's weight's device (no quantization replaces a norm)."""
+        return self.model.norm.weight.device
+
     def use_kernels(self, kernels: CpuKernels | None) -> None:
         """Run the C kernels ``kernels`` (None: torch's) wherever this model has a choice: its norms,
         its quantized weights, its RoPE and its fused decode step. Called once by the loader, before any pass."""

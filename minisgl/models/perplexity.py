@@ -37,7 +37,7 @@ class _SequenceContext:
         self.k[layer_id], self.v[layer_id] = k, v
         new, total = q.shape[0], k.shape[0]
         # Row i (absolute position total - new + i) sees keys 0 .. total - new + i.
-        mask = torch.ones(new, total, dtype=torch.bool).tril(total - new)
+        mask = torch.ones(new, total, dtype=torch.bool, device=q.device).tril(total - new)
         window = self.layer_windows[layer_id] if self.layer_windows else None
         if window is not None:  # and keys more than window - 1 positions back are out of sight
             mask = mask.triu(total - new - window + 1)
@@ -50,14 +50,14 @@ class _SequenceContext:
 Prepare = Callable[[Batch], AttentionContext]
 
 
-def _extend_batch(start: int, n: int) -> Batch:
+def _extend_batch(start: int, n: int, device: torch.device) -> Batch:
     """Tokens start .. start + n of the sequence as one extend pass of page-table row 0, whose slot i
     holds position i (its ids are placeholders: the attention backend reads only the lengths and slots)."""
-    positions = torch.arange(start, start + n)
+    positions = torch.arange(start, start + n, device=device)
     return Batch(
-        attention=AttentionKind.EXTEND, input_ids=torch.zeros(n, dtype=torch.int64), positions=positions,
-        out_slots=positions, table_rows=torch.tensor([0]), prefix_lens=torch.tensor([start]),
-        extend_lens=torch.tensor([n]), sample_rows=torch.arange(n),
+        attention=AttentionKind.EXTEND, input_ids=torch.zeros(n, dtype=torch.int64, device=device),
+        positions=positions, out_slots=positions, table_rows=torch.tensor([0]), prefix_lens=torch.tensor([start]),
+        extend_lens=torch.tensor([n]), sample_rows=torch.arange(n, device=device),
     )  # fmt: skip
 
 
@@ -69,13 +69,14 @@ def sequence_logits(
     attention backend's whose page-table row 0 holds at least as many slots as tokens, slot i at
     position i (None: fp32 SDPA)."""
     sequence = _SequenceContext(model.config.layer_windows)
-    ids = torch.tensor(token_ids, dtype=torch.int64)
+    device = model.device
+    ids = torch.tensor(token_ids, dtype=torch.int64, device=device)
     pieces = []
     for start in range(0, len(ids), chunk):
         piece = ids[start : start + chunk]
-        positions = torch.arange(start, start + len(piece))
-        ctx = sequence if prepare is None else prepare(_extend_batch(start, len(piece)))
-        pieces.append(model(piece, positions, ctx, torch.arange(len(piece))).float())
+        positions = torch.arange(start, start + len(piece), device=device)
+        ctx = sequence if prepare is None else prepare(_extend_batch(start, len(piece), device))
+        pieces.append(model(piece, positions, ctx, torch.arange(len(piece), device=device)).float())
     return torch.cat(pieces)
 
 
@@ -87,5 +88,5 @@ def perplexity(
     if len(token_ids) < 2:
         raise ValueError("perplexity needs at least 2 tokens")
     logits = sequence_logits(model, token_ids[:-1], chunk, prepare)
-    nll = F.cross_entropy(logits.double(), torch.tensor(token_ids[1:]), reduction="mean")
+    nll = F.cross_entropy(logits.double(), torch.tensor(token_ids[1:], device=logits.device), reduction="mean")
     return math.exp(nll.item())
