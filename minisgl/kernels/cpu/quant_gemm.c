@@ -311,12 +311,19 @@ static inline Rows rows_of(int bits, const void *codes, const void *scale, const
     return rows;
 }
 
-// acc + per lane the sum of the four u8 x s8 products of u and s (vpdpbusd). Signed int8 codes go in
-// offset by 128, the offset times the digits' sum taken back out after.
+// acc + per lane the sum of the four u8 x s8 products of u and the 4 bytes at q, broadcast (vpdpbusd).
+// Signed int8 codes go in offset by 128, the offset times the digits' sum taken back out after.
 #if defined(KERNELS_AVX512)
-#define dpbusd _mm512_dpbusd_epi32
+// The broadcast is the instruction's own ({1to16}): for _mm512_dpbusd_epi32(acc, u, set1_32(...)) the
+// compilers emit a vpbroadcastd apart, an issue slot per product (benchmarks.many_rows).
+static inline __m512i dpbusd_at(__m512i acc, __m512i u, const int8_t *q) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int8_t(*)[4])q));
+    return acc;
+}
 #elif defined(KERNELS_AVXVNNI)
-#define dpbusd _mm256_dpbusd_avx_epi32
+static inline __m256i dpbusd_at(__m256i acc, __m256i u, const int8_t *q) {
+    return _mm256_dpbusd_avx_epi32(acc, u, set1_32(quad_of(q)));  // VEX: no embedded broadcast
+}
 #else
 #define WIDE_DOTS 1  // plain AVX2: the int16 products described at the top
 #endif
@@ -417,8 +424,8 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
                 // Two chains of vpdpbusd, each half as long: many rows of x are bound by its latency.
                 VecI even = zero_si(), odd = zero_si();
                 for (int i = 0; i < 8; i += 2) {
-                    even = dpbusd(even, quads[i], set1_32(quad_of(q + 4 * i)));
-                    odd = dpbusd(odd, quads[i + 1], set1_32(quad_of(q + 4 * i + 4)));
+                    even = dpbusd_at(even, quads[i], q + 4 * i);
+                    odd = dpbusd_at(odd, quads[i + 1], q + 4 * i + 4);
                 }
                 digit[d] = add_32(even, odd);
             }
