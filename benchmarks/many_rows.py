@@ -1,7 +1,6 @@
 """The quantized weights' product paths per weight, at several row counts, on the projections of the
 default model and of a 1.7B one (SmolLM2-1.7B's shapes): the C kernel (``quant_gemm.c``, every row
-count; x at two int8 digits, as sampled rows are, and at one, as a prompt's other rows and every row of
-an MLP's gate/up are), torch's weight-only kernel and the weight expanded to bf16 with torch's bf16 GEMM (the
+count; x at one int8 digit, as every layer's products take it, and at two, as the LM head's), torch's weight-only kernel and the weight expanded to bf16 with torch's bf16 GEMM (the
 fallback without the C kernels), and dense packed bf16 and fp32 products beside them.
 ``INT4_MAX_KERNEL_ROWS`` / ``INT8_MAX_KERNEL_ROWS`` (``minisgl/tuning.py``: where torch's kernel stops
 beating the expansion) are set from the "torch faster" column.
@@ -70,7 +69,7 @@ def main() -> None:
     )
     print(f"# load average at start: {load_average()}")
     print(
-        "| size | weight | format | rows | C kernel ms | C kernel, one digit ms | torch kernel ms | bf16 expansion ms "
+        "| size | weight | format | rows | C kernel ms | C kernel, two digits ms | torch kernel ms | bf16 expansion ms "
         "| dense bf16 ms | dense fp32 ms | torch faster |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -85,20 +84,20 @@ def main() -> None:
                 bf16, fp32 = dense_linear(w.bfloat16()), dense_linear(w.clone())
                 for fmt, q in quantized:
                     q.buffer = DequantBuffer(min(n * k, DEQUANT_BUFFER_ELEMENTS))
-                    c_matmul = q.bind(kernels) if kernels is not None else None
+                    c_matmul = q.bind(kernels, 1) if kernels is not None else None
+                    c_two_digits = q.bind(kernels, 2) if kernels is not None else None
                     for rows in args.rows:
                         x = torch.randn(rows, k)
                         xb = x.bfloat16()
-                        every_row = torch.ones(rows, dtype=torch.bool)
                         t_c = seconds(lambda: c_matmul(x)) if c_matmul is not None else float("nan")
-                        t_one = seconds(lambda: c_matmul(x, every_row)) if c_matmul is not None else float("nan")
+                        t_two = seconds(lambda: c_two_digits(x)) if c_two_digits is not None else float("nan")
                         t_kernel = seconds(lambda: q.kernel(x))
                         t_many = seconds(lambda: q.many_rows(x))
                         t_bf16 = seconds(lambda: bf16(xb))
                         t_fp32 = seconds(lambda: fp32(x))
                         faster = "kernel" if t_kernel < t_many else "expansion"
                         print(
-                            f"| {size} | {name} | {fmt} | {rows} | {t_c * 1e3:.2f} | {t_one * 1e3:.2f} | {t_kernel * 1e3:.2f} | "
+                            f"| {size} | {name} | {fmt} | {rows} | {t_c * 1e3:.2f} | {t_two * 1e3:.2f} | {t_kernel * 1e3:.2f} | "
                             f"{t_many * 1e3:.2f} | {t_bf16 * 1e3:.2f} | {t_fp32 * 1e3:.2f} | {faster} |",
                             flush=True,
                         )

@@ -1,10 +1,9 @@
 """Quality of each quantization mode on the default GGUF: perplexity on the built-in corpus and greedy
 agreement with the fp32 path, beside llama.cpp's perplexity on the same file and the same tokens.
 
-Scoring samples every row, so the quantized products keep two int8 digits of x there, but the MLP's
-gate/up, which takes one on every row (``GatedMLP.forward``); a prompt's rows that are not sampled get one
-everywhere (``DecoderForCausalLM._coarse_rows``), which the greedy columns include. The `auto` row "every
-row one digit" bounds that: perplexity and greedy tokens from one-digit rows all the way.
+Every layer's quantized products round x to one int8 digit per group of 32 (llama.cpp's rounding), the
+LM head's to two (``QuantizedWeight.digits``). The `auto` row "two digits in every product" shows what
+the second digit would buy in the layers too, at twice their dot products.
 
 Run: python -m benchmarks.quality [--max-tokens 32] [--out docs/benchmarks/quality.md]
 (quality figures, not timings: a busy machine gives the same numbers).
@@ -16,16 +15,16 @@ import argparse
 import importlib.util
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from unittest import mock
 
 import numpy as np
-import torch
 
 from benchmarks.corpus import CHAT_MESSAGES, GUIDELINES, PERSONAS, QUESTIONS
 from benchmarks.peers.amx import load_llama
 from minisgl import LLM, SamplingParams
+from minisgl.layers.quant import QuantizedWeight
 from minisgl.models.decoder import DecoderForCausalLM
 from minisgl.models.gguf import default_model_path
 from minisgl.models.perplexity import perplexity
@@ -49,7 +48,7 @@ PROMPTS = [
     ),
     *(f"{prefix}: {p}" for prefix in ("Who might say this?", "Describe this person") for p in PERSONAS),
 ]
-# (quantization, dtype, every row one digit)
+# (quantization, dtype, two digits in every product)
 MODES = (
     ("none", "float32", False), ("auto", "float32", False), ("auto", "float32", True), ("int8", "float32", False),
     ("int4", "float32", False), ("none", "bfloat16", False),
@@ -57,17 +56,14 @@ MODES = (
 
 
 @contextmanager
-def every_row_coarse(model: DecoderForCausalLM) -> Iterator[None]:
-    """While entered, every row of every pass is rounded to one digit, the sampled ones too: decode
-    steps run layer by layer (the fused step keeps two digits outside gate/up)."""
-
-    def coarse(model: DecoderForCausalLM, tokens: int, logit_rows: torch.Tensor) -> torch.Tensor | None:
-        return None if model.kernels is None else torch.ones(tokens, dtype=torch.bool)
-
-    with (
-        mock.patch.object(DecoderForCausalLM, "_coarse_rows", coarse),
-        mock.patch.object(model, "_fused_decoder", None),
-    ):
+def two_digits_everywhere(model: DecoderForCausalLM) -> Iterator[None]:
+    """While entered, every quantized product rounds x to two int8 digits, as the LM head's does; decode
+    steps run layer by layer (the fused step's products take one)."""
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(model, "_fused_decoder", None))
+        for w in model.modules():
+            if isinstance(w, QuantizedWeight) and w.kernels is not None:
+                stack.enter_context(mock.patch.dict(w.__dict__, {"_c_matmul": w.bind(w.kernels, 2)}))
         yield
 
 
@@ -105,17 +101,17 @@ def main() -> None:
     args = parser.parse_args()
     gguf = default_model_path()
     rows, reference, token_ids = [], None, None
-    for mode, dtype, one_digit in MODES:
+    for mode, dtype, two_digits in MODES:
         llm = LLM(quantization=mode, dtype=dtype, num_page_override=4096)
         token_ids = llm.tokenizer.encode(TEXT)
         prompts = [llm.apply_chat_template([{"role": "user", "content": q}]) for q in PROMPTS]
         engine = llm.scheduler.engine  # scored through its own attention: its KV dtype and kernels
-        with every_row_coarse(engine.model) if one_digit else nullcontext():
+        with two_digits_everywhere(engine.model) if two_digits else nullcontext():
             ppl = perplexity(engine.model, token_ids, prepare=engine.scoring_attention(len(token_ids)).prepare)
             outs = greedy(llm, prompts, args.max_tokens)
         reference = reference or outs  # the first mode, fp32 dense, is the reference
         same, prefix = agreement(outs, reference)
-        name = f"minisgl `{mode}`, {dtype}{', every row one digit' if one_digit else ''}"
+        name = f"minisgl `{mode}`, {dtype}{', two digits in every product' if two_digits else ''}"
         rows.append(f"| {name} | {ppl:.3f} | {same:.0%} | {prefix:.0%} |")
         print(rows[-1], flush=True)
         llm.shutdown()

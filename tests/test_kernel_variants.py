@@ -91,73 +91,57 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp(min=1e-30)).item()
 
 
-def rounded_per_group(x: torch.Tensor, coarse: torch.Tensor | None = None) -> torch.Tensor:
-    """x as int4_gemm rounds it: per group of 32, v = x * 127 / max |x| as two int8 digits (ties to even),
-    the high one alone on the rows ``coarse`` marks."""
+def rounded_per_group(x: torch.Tensor, digits: int) -> torch.Tensor:
+    """x as int4_gemm rounds it: per group of 32, v = x * 127 / max |x| as ``digits`` int8 digits (ties
+    to even), the second one 256 times finer."""
     groups = x.view(len(x), -1, 32)
     amax = groups.abs().amax(-1, keepdim=True)
     v = groups * torch.where(amax > 0, torch.full_like(amax, 127) / amax, 0.0)  # (127 / amax is 127 * (1 / amax))
     high = v.round().clamp(-127, 127)
-    low = ((v - high) * 256).round().clamp(-127, 127)
-    if coarse is not None:
-        low[coarse] = 0
+    low = ((v - high) * 256).round().clamp(-127, 127) if digits == 2 else torch.zeros_like(high)
     return ((high * 256 + low) * (amax / 127 / 256)).view_as(x)
-
-
-def coarse_marks(rows: int, g: torch.Generator) -> list[torch.Tensor]:
-    """Masks of coarse rows: none, all (every register tile of 8 rows one-digit), every row but the
-    last (a prompt before its sampled token), and random (tiles with both kinds)."""
-    but_last = torch.ones(rows, dtype=torch.bool)
-    but_last[-1] = False
-    return [torch.zeros(rows, dtype=torch.bool), torch.ones(rows, dtype=torch.bool), but_last,
-            torch.rand(rows, generator=g) < 0.5]  # fmt: skip
 
 
 # One tile part-filled (1, 37, 100, 21 rows); past 1,024 columns (32 groups) many rows of x are summed
 # in spans of groups, and past 256 (8) a few rows' two vectors of a tile take turns (256-bit builds);
 # 96 columns: an odd number of groups.
+@pytest.mark.parametrize("digits", [1, 2])
 @pytest.mark.parametrize("n, k", [(1, 64), (37, 96), (100, 576), (21, 2048 + 64)])
-def test_int4_product_is_its_reference_bit_for_bit(kernels: CpuKernels, n: int, k: int) -> None:
+def test_int4_product_is_its_reference_bit_for_bit(kernels: CpuKernels, n: int, k: int, digits: int) -> None:
     g = torch.Generator().manual_seed(n + k)
     weight = Int4Weight.quantize(torch.randn(n, k, generator=g))
-    buffers = (weight.codes, weight.scale, weight.minimum, n)
+    buffers = (weight.codes, weight.scale, weight.minimum, n, digits)
     simd, reference = kernels.int4(*buffers), kernels.int4(*buffers, reference=True)
+    other_digits = kernels.int4(*buffers[:4], 3 - digits)
     for rows in (1, 2, 5, 8, 9, 17, 70):  # register tiles of 8 rows of x, and remainders
         x = torch.randn(rows, k, generator=g) * 3
-        precise = simd(x)
-        assert precise.shape == (rows, n)
-        assert torch.equal(precise, simd(x, torch.zeros(rows, dtype=torch.bool)))
-        for coarse in coarse_marks(rows, g):
-            y = simd(x, coarse)
-            assert torch.equal(y, reference(x, coarse)), rows  # the same integers, the same chain of fmas per output
-            exact = rounded_per_group(x, coarse).double() @ weight.dequantize().double().T
-            assert relative_error(y, exact) < REFERENCE_TOLERANCE, rows
-            # A row is the same alone as in a batch, whatever its neighbours' digits.
-            assert torch.equal(simd(x[-1:], coarse[-1:]), y[-1:]), rows
-            assert torch.equal(y[~coarse], precise[~coarse]), rows
-        assert not torch.equal(simd(x, torch.ones(rows, dtype=torch.bool)), precise)  # one digit is coarser
+        y = simd(x)
+        assert y.shape == (rows, n)
+        assert torch.equal(y, reference(x)), rows  # the same integers, the same chain of fmas per output
+        exact = rounded_per_group(x, digits).double() @ weight.dequantize().double().T
+        assert relative_error(y, exact) < REFERENCE_TOLERANCE, rows
+        assert torch.equal(simd(x[-1:]), y[-1:]), rows  # a row is the same alone as in a batch
+        assert not torch.equal(other_digits(x), y), rows
     x = torch.zeros(3, k)  # an all-zero group: step 0, no division by it
     assert torch.equal(simd(x), torch.zeros(3, n))
 
 
 # 40 columns: padded to 64 (two groups); 2,080: past a span of 32 groups and many turns of 8.
+@pytest.mark.parametrize("digits", [1, 2])
 @pytest.mark.parametrize("n, k", [(1, 32), (65, 96), (17, 40), (7, 2048 + 32)])
-def test_int8_product_is_its_reference_bit_for_bit(kernels: CpuKernels, n: int, k: int) -> None:
+def test_int8_product_is_its_reference_bit_for_bit(kernels: CpuKernels, n: int, k: int, digits: int) -> None:
     g = torch.Generator().manual_seed(n + k)
     weight = Int8Weight.quantize(torch.randn(n, k, generator=g))
-    weight.kernels = kernels
-    reference = kernels.int8(weight.codes, weight.scale, n, reference=True)
+    weight.kernels, weight.digits = kernels, digits
+    reference = kernels.int8(weight.codes, weight.scale, n, digits, reference=True)
     for rows in (1, 2, 5, 8, 9, 17, 70):
         x = torch.randn(rows, k, generator=g) * 3
         padded = torch.nn.functional.pad(x, (0, weight.padded_in - k))
-        precise = weight(x)
-        for coarse in coarse_marks(rows, g):
-            y = weight(x, coarse)
-            assert torch.equal(y, reference(padded, coarse)), rows
-            exact = rounded_per_group(padded, coarse)[:, :k].double() @ weight.dequantize().double().T
-            assert relative_error(y, exact) < REFERENCE_TOLERANCE, rows
-            assert torch.equal(weight(x[-1:], coarse[-1:]), y[-1:]), rows  # a row alone is the row in a batch
-            assert torch.equal(y[~coarse], precise[~coarse]), rows
+        y = weight(x)
+        assert torch.equal(y, reference(padded)), rows
+        exact = rounded_per_group(padded, digits)[:, :k].double() @ weight.dequantize().double().T
+        assert relative_error(y, exact) < REFERENCE_TOLERANCE, rows
+        assert torch.equal(weight(x[-1:]), y[-1:]), rows  # a row alone is the row in a batch
 
 
 def test_largest_int8_values_stay_inside_the_int32_sums(kernels: CpuKernels) -> None:
@@ -167,9 +151,10 @@ def test_largest_int8_values_stay_inside_the_int32_sums(kernels: CpuKernels) -> 
     dense[1] = -1.0
     dense[2, ::2] = -1.0
     weight = Int8Weight.quantize(dense)
-    weight.kernels = kernels
+    weight.kernels, weight.digits = kernels, 2
     x = torch.cat([torch.ones(1, k), -torch.ones(1, k), torch.full((1, k), 0.7)])
-    torch.testing.assert_close(weight(x), rounded_per_group(x) @ dense.T, rtol=1e-5, atol=1e-5)  # an overflow: far off
+    expected = rounded_per_group(x, 2) @ dense.T
+    torch.testing.assert_close(weight(x), expected, rtol=1e-5, atol=1e-5)  # an overflow: far off
 
 
 def test_largest_int4_values_stay_inside_the_int16_sums(kernels: CpuKernels) -> None:
@@ -178,8 +163,8 @@ def test_largest_int4_values_stay_inside_the_int16_sums(kernels: CpuKernels) -> 
     codes = torch.full((n, k), 15, dtype=torch.uint8)
     weight = Int4Weight.from_codes(codes, torch.ones(n, k // 32), torch.zeros(n, k // 32))
     x = torch.cat([torch.ones(1, k), -torch.ones(1, k), torch.full((1, k), 0.7)])
-    y = kernels.int4(weight.codes, weight.scale, weight.minimum, n)(x)
-    torch.testing.assert_close(y, rounded_per_group(x) @ weight.dequantize().T, rtol=1e-5, atol=1e-5)
+    y = kernels.int4(weight.codes, weight.scale, weight.minimum, n, digits=2)(x)
+    torch.testing.assert_close(y, rounded_per_group(x, 2) @ weight.dequantize().T, rtol=1e-5, atol=1e-5)
 
 
 def softmax_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -405,10 +390,8 @@ def test_products_refuse_what_the_c_code_cannot_read(kernels: CpuKernels) -> Non
         matmul(torch.randn(128, 2).T)
     with pytest.raises(ValueError, match="x must be on the CPU, got meta"):
         matmul(torch.empty(2, 128, device="meta"))
-    with pytest.raises(ValueError, match=r"coarse must have shape \[2\], got \[3\]"):
-        matmul(torch.randn(2, 128), torch.zeros(3, dtype=torch.bool))
-    with pytest.raises(ValueError, match="coarse must be torch.bool, got torch.uint8"):
-        matmul(torch.randn(2, 128), torch.zeros(2, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="digits must be 1 or 2, got 3"):
+        kernels.int4(weight.codes, weight.scale, weight.minimum, 8, digits=3)
     with pytest.raises(ValueError, match="int4 weight scale must have shape"):
         kernels.int4(weight.codes, weight.scale[:, :2].contiguous(), weight.minimum, 8)
     with pytest.raises(ValueError, match="int4 weight minimum must be torch.float16"):

@@ -21,11 +21,9 @@ from minisgl.kernels.native import resolve_kernels
 from minisgl.kernels.variants import VARIANTS, cpu_flags, host_variants
 from minisgl.layers.linear import Linear
 from minisgl.layers.quant import INT4_GROUP, DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
-from minisgl.models.decoder import DecoderForCausalLM
 from minisgl.models.gguf import default_model_path
 from minisgl.models.gguf_tensors import INT4_EXACT, GGUFTensors, int4_from_blocks
 from minisgl.models.perplexity import perplexity, sequence_logits
-from minisgl.tuning import MLP_BAND_ROWS
 from tests.conftest import c_kernels_or_skip
 from tests.tiny_models import WINDOW, build_tiny_model
 
@@ -242,47 +240,18 @@ def test_auto_perplexity_close_to_fp32(auto_llm: LLM, smollm: LLM) -> None:
     assert abs(quantized / fp32 - 1) < AUTO_PPL_BOUND, (quantized, fp32)
 
 
-def test_auto_perplexity_with_every_row_coarse_close_to_fp32(
-    auto_llm: LLM, smollm: LLM, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Scored rows are sampled, so keep two digits outside the MLP's gate/up; rounding every row to one,
-    as a prompt's unsampled rows are, bounds what that costs: each token's logits from one-digit rows all
-    the way."""
-    ids = smollm.tokenizer.encode(TEXT)
-    fp32 = perplexity(smollm.scheduler.engine.model, ids, chunk=32)
-    engine = auto_llm.scheduler.engine
-    prepare = engine.scoring_attention(len(ids)).prepare
-    precise = perplexity(engine.model, ids, chunk=32, prepare=prepare)
-    monkeypatch.setattr(
-        DecoderForCausalLM, "_coarse_rows", lambda self, tokens, rows: torch.ones(tokens, dtype=torch.bool)
-    )
-    coarse = perplexity(engine.model, ids, chunk=32, prepare=prepare)
-    assert coarse != precise  # the one-digit products ran
-    assert abs(coarse / fp32 - 1) < AUTO_PPL_BOUND, (coarse, fp32)
-
-
-def test_only_rows_that_are_not_sampled_are_rounded_coarse(auto_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every quantized product of a prefill gets the prompt's rows before its last marked coarse, but
-    the MLP's gate/up, which gets every row; the sampled rows (the prompt's last, then each decoded
-    token) of the others and the LM head are never marked."""
-    marks: list[list[bool] | None] = []
-    forward = QuantizedWeight.forward
-
-    def spy(self: QuantizedWeight, x: torch.Tensor, coarse: torch.Tensor | None = None) -> torch.Tensor:
-        marks.append(None if coarse is None else coarse.tolist())
-        return forward(self, x, coarse)
-
-    monkeypatch.setattr(QuantizedWeight, "forward", spy)
-    prompt = auto_llm.tokenizer.encode(GUIDELINES[0])
-    assert 8 < len(prompt) < MLP_BAND_ROWS
-    auto_llm.flush_cache()
-    auto_llm.generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
-    marked = [m for m in marks if m is not None]
-    layers = auto_llm.scheduler.engine.model.config.num_layers
-    assert len(marked) == 4 * layers  # QKV, output, gate/up and down of the prefill pass
-    every_row, not_sampled = [True] * len(prompt), [True] * (len(prompt) - 1) + [False]
-    assert marked == [not_sampled, not_sampled, every_row, not_sampled] * layers
-    assert len(marks) > len(marked)  # the LM head's products (and any decode step's) unmarked
+def test_layer_products_take_one_digit_and_the_lm_head_two(auto_llm: LLM) -> None:
+    """x is rounded to one int8 digit in every layer's products, prefill and decode alike (llama.cpp's
+    rounding), and to two in the LM head's, whose logits are what is sampled."""
+    model = auto_llm.scheduler.engine.model
+    if model.kernels is None:
+        pytest.skip("no C kernels here")
+    head = model.lm_head.quantized
+    assert head is not None and head.digits == 2
+    layers = [m for m in model.model.layers.modules() if isinstance(m, QuantizedWeight)]
+    assert layers and {w.digits for w in layers} == {1}
+    x = torch.randn(3, head.in_features)
+    assert not torch.equal(head.forward(x), head.bind(model.kernels, 1)(x))  # its product took the two
 
 
 def test_auto_greedy_same_in_a_batch_as_alone(auto_llm: LLM) -> None:
@@ -298,17 +267,17 @@ def test_auto_greedy_same_in_a_batch_as_alone(auto_llm: LLM) -> None:
 def test_fused_decode_step_matches_the_layer_by_layer_one(auto_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
     """The default model decodes through decode_layer.c in one call; the same steps through the
     modules (the same kernels one by one, SiLU and RoPE in torch) give logits within 0.2% of the
-    largest: SiLU's last bits differ, and the int4 kernels round their input to 15 bits (0.03%
-    measured). Its KV pool is bf16, where such a difference can round a stored key to the next bf16
+    largest: SiLU's last bits differ, which can move a product's input by one step of its int8
+    rounding. Its KV pool is bf16, where such a difference can round a stored key to the next bf16
     value and grow from step to step, so only the first step (the same inputs) is compared."""
     assert auto_llm.scheduler.engine.pool.k.dtype == torch.bfloat16
     assert_fused_matches_layers(auto_llm, monkeypatch, steps=1)
 
 
-def test_fused_decode_rounds_gate_up_to_one_digit(auto_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fused step's gate/up takes every row at one digit, as ``GatedMLP``'s does: its first decode
-    step is far closer to the layer-by-layer one (the same bits here) than to that one with two-digit
-    gate/up rows."""
+def test_fused_decode_rounds_every_projection_to_one_digit(auto_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused step rounds x to one digit in every projection, as the layers' products do: its first
+    decode step is far closer to the layer-by-layer one (the same bits here) than to that one with
+    two-digit products."""
     model, engine = auto_llm.scheduler.engine.model, auto_llm.scheduler.engine
     if model._fused_decoder is None:
         pytest.skip("no C kernels here")
@@ -336,10 +305,14 @@ def test_fused_decode_rounds_gate_up_to_one_digit(auto_llm: LLM, monkeypatch: py
     fused = first_step()
     monkeypatch.setitem(model.__dict__, "_fused_decoder", None)
     layers = first_step()
-    # In a decode step only gate/up gets marks (every row); dropping them gives it two digits.
-    monkeypatch.setattr(
-        QuantizedWeight, "forward", lambda self, x, coarse=None: forward(self, x, None if decoding else coarse)
-    )
+    kernels = model.kernels
+    two_digits = {id(w): w.bind(kernels, 2) for w in model.model.layers.modules() if isinstance(w, QuantizedWeight)}
+
+    def decode_at_two_digits(self: QuantizedWeight, x: torch.Tensor) -> torch.Tensor:
+        product = two_digits.get(id(self)) if decoding else None
+        return forward(self, x) if product is None else product(x.contiguous())
+
+    monkeypatch.setattr(QuantizedWeight, "forward", decode_at_two_digits)
     two_digit = first_step()
     assert (fused - layers).abs().max() * 10 < (fused - two_digit).abs().max()
     auto_llm.scheduler.check_accounting()

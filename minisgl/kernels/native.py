@@ -49,10 +49,10 @@ HEADER = SOURCE_DIR / "kernels.h"
 
 
 class Matmul(Protocol):
-    """A quantized weight's product: x [rows, K] fp32 → [rows, N] fp32; ``coarse`` [rows] bool marks the
-    rows whose x is rounded to one int8 digit instead of two (quant_gemm.c), None none of them."""
+    """A quantized weight's product: x [rows, K] fp32 → [rows, N] fp32, x rounded to the int8 digits the
+    product was bound with (quant_gemm.c)."""
 
-    def __call__(self, x: torch.Tensor, coarse: torch.Tensor | None = None) -> torch.Tensor: ...
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 def resolve_kernels(choice: str, flags: frozenset[str] | None = None) -> CpuKernels | None:
@@ -272,23 +272,31 @@ class CpuKernels:
             raise ValueError(f"{what}: {problems.get(code, f'the kernel refused the shapes (code {code})')}")
 
     def int4(
-        self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, n: int, reference: bool = False
+        self,
+        codes: torch.Tensor,
+        scale: torch.Tensor,
+        minimum: torch.Tensor,
+        n: int,
+        digits: int = 1,
+        reference: bool = False,
     ) -> Matmul:
         """An [n, K] int4 weight's tiles (``Int4Weight``; kernels.h's Int4). The product takes
-        [rows, K] fp32 and gives [rows, n] fp32, x rounded to int8 per group of 32 columns (two
-        digits, one on the rows ``coarse`` marks)."""
+        [rows, K] fp32 and gives [rows, n] fp32, x rounded to ``digits`` (1 or 2) int8 digits per
+        group of 32 columns."""
         k = _check_int4("int4 weight", (codes, scale, minimum), n)
         weight = (self.pointer(codes), self.pointer(scale), self.pointer(minimum))
         name = "int4_gemm_ref" if reference else "int4_gemm"
-        return self._bind(name, n, k, weight, (codes, scale, minimum), threads=not reference)
+        return self._bind(name, n, k, digits, weight, (codes, scale, minimum), threads=not reference)
 
-    def int8(self, codes: torch.Tensor, scale: torch.Tensor, n: int, reference: bool = False) -> Matmul:
+    def int8(
+        self, codes: torch.Tensor, scale: torch.Tensor, n: int, digits: int = 1, reference: bool = False
+    ) -> Matmul:
         """An [n, K] int8 weight's tiles (``Int8Weight``; kernels.h's Int8). The product takes
         [rows, K] fp32 and gives [rows, n] fp32, x rounded as for ``int4``."""
         k = _check_int8("int8 weight", (codes, scale), n)
         weight = (self.pointer(codes), self.pointer(scale))
         name = "int8_gemm_ref" if reference else "int8_gemm"
-        return self._bind(name, n, k, weight, (codes, scale), threads=not reference)
+        return self._bind(name, n, k, digits, weight, (codes, scale), threads=not reference)
 
     def int4_from_gguf(self, blocks: torch.Tensor, q4_1: bool, first: int, weight: Int4Buffers, n: int) -> None:
         """GGUF Q4_0 (or, with ``q4_1``, Q4_1) ``blocks`` [rows, K / 32 * block bytes] uint8 written as
@@ -312,23 +320,26 @@ class CpuKernels:
         self.raise_for("int8_tiles_from_q8_0", self.lib.int8_tiles_from_q8_0(*args))
 
     def _bind(
-        self, name: str, n: int, k: int, weight: tuple[Any, ...], keep: tuple[torch.Tensor, ...], threads: bool
+        self,
+        name: str,
+        n: int,
+        k: int,
+        digits: int,
+        weight: tuple[Any, ...],
+        keep: tuple[torch.Tensor, ...],
+        threads: bool,
     ) -> Matmul:
-        """x [rows, k] (and coarse [rows] bool or None) → [rows, n] through ``name(x, coarse, rows, k,
-        *weight, n, y[, threads])``, the weight's pointers cast once (the closure keeps its tensors, so
-        the pointers stay valid)."""
-        run, cast, null = getattr(self.lib, name), self.ffi.cast, self.ffi.NULL
+        """x [rows, k] → [rows, n] through ``name(x, digits, rows, k, *weight, n, y[, threads])``, the
+        weight's pointers cast once (the closure keeps its tensors, so the pointers stay valid)."""
+        if digits not in (1, 2):
+            raise ValueError(f"digits must be 1 or 2, got {digits}")
+        run, cast = getattr(self.lib, name), self.ffi.cast
 
-        def matmul(
-            x: torch.Tensor, coarse: torch.Tensor | None = None, keep: tuple[torch.Tensor, ...] = keep
-        ) -> torch.Tensor:
+        def matmul(x: torch.Tensor, keep: tuple[torch.Tensor, ...] = keep) -> torch.Tensor:
             _check("x", x, (torch.float32,), (None, k))
-            if coarse is not None:
-                _check("coarse", coarse, (torch.bool,), (x.shape[0],))
-            rows = null if coarse is None else cast("uint8_t *", coarse.data_ptr())
             y = torch.empty(x.shape[0], n)
             if x.shape[0]:
-                args = (cast("float *", x.data_ptr()), rows, x.shape[0], k, *weight, n, cast("float *", y.data_ptr()))
+                args = (cast("float *", x.data_ptr()), digits, x.shape[0], k, *weight, n, cast("float *", y.data_ptr()))
                 self.raise_for(name, run(*args, torch.get_num_threads()) if threads else run(*args))
             return y
 

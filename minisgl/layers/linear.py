@@ -103,22 +103,19 @@ class Linear(nn.Module):
         self.quantized = weight
         self.weight = None
 
-    def forward(self, x: torch.Tensor, coarse: torch.Tensor | None = None) -> torch.Tensor:
-        """``coarse``: [rows] bool, the rows a quantized weight may round to one int8 digit (the
-        engine marks those whose outputs are not sampled, and every row of an MLP's gate/up); a dense
-        weight ignores it."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         p = self.partition
         if p is None or p.kind == "column":
-            return self._matmul(x, self.bias, coarse)
-        y = self._matmul(x, None, coarse)
+            return self._matmul(x, self.bias)
+        y = self._matmul(x, None)
         if p.reduce:
             y = p.group.all_reduce(y)
         return y if self.bias is None else y + self.bias
 
-    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None, coarse: torch.Tensor | None) -> torch.Tensor:
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         q = self.quantized
         if q is not None:
-            y = q.forward(x, coarse)  # not q(x): a module call's hook machinery costs ~3 us, 120 times a step
+            y = q.forward(x)  # not q(x): a module call's hook machinery costs ~3 us, 120 times a step
             return y if bias is None else y + bias
         assert self.weight is not None, "a layer without a quantized weight keeps its dense one"
         return linear(x, self.weight, bias)

@@ -32,24 +32,15 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = Linear(hidden, 2 * intermediate, partition=column(tp, part, part))
         self.down_proj = Linear(intermediate, hidden, partition=row(tp, part, reduce))
 
-    def forward(self, x: torch.Tensor, coarse: torch.Tensor | None = None) -> torch.Tensor:
-        """``coarse``: [rows] bool or None, as ``Linear.forward`` takes it, for the down projection.
-
-        The gate/up product rounds every row's x to one int8 digit, sampled rows too (the fused
-        decode step does the same, ``decode_layer.c``): it is half of a dense MLP's products, so
-        half of what the second digit costs a decode batch, and its x is a normed hidden state. What
-        that costs in greedy agreement with fp32 is in ``python -m benchmarks.quality``."""
-        every_row = torch.ones(len(x), dtype=torch.bool) if self.gate_up_proj.quantized is not None else None
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if len(x) <= MLP_BAND_ROWS:
-            return self.down_proj(self._act_and_mul(self.gate_up_proj(x, every_row)), coarse)
+            return self.down_proj(self._act_and_mul(self.gate_up_proj(x)))
         # A long prefill pass a band of rows at a time: its intermediate activations (3 x intermediate
         # per row) would otherwise be the engine's largest temporaries.
         out = x.new_empty(len(x), self.down_proj.shape[0])
         for start in range(0, len(x), MLP_BAND_ROWS):
             band = x[start : start + MLP_BAND_ROWS]
-            marks = None if coarse is None else coarse[start : start + len(band)]
-            gate_up = self.gate_up_proj(band, None if every_row is None else every_row[start : start + len(band)])
-            out[start : start + len(band)] = self.down_proj(self._act_and_mul(gate_up), marks)
+            out[start : start + len(band)] = self.down_proj(self._act_and_mul(self.gate_up_proj(band)))
         return out
 
     def _act_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:

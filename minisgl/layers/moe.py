@@ -34,8 +34,7 @@ class SparseMoE(nn.Module):
         self.gate = Linear(hidden, num_experts)  # the router, replicated on every rank
         self.experts = nn.ModuleList(GatedMLP(hidden, intermediate, tp, part, reduce=False) for _ in range(num_experts))
 
-    def forward(self, x: torch.Tensor, coarse: torch.Tensor | None = None) -> torch.Tensor:
-        """``coarse``: [tokens] bool or None, as ``Linear.forward`` takes it (the router's product is dense)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # [tokens, top_k]
         if self.norm_topk_prob:
@@ -45,13 +44,11 @@ class SparseMoE(nn.Module):
         token = order // self.top_k
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
         grouped = x.index_select(0, token)
-        grouped_coarse = None if coarse is None else coarse.index_select(0, token)
         out = torch.empty_like(grouped)
         start = 0
         for expert, n in zip(self.experts, counts):
             if n:
-                marks = None if grouped_coarse is None else grouped_coarse[start : start + n]
-                out[start : start + n] = expert(grouped[start : start + n], marks)
+                out[start : start + n] = expert(grouped[start : start + n])
                 start += n
         out *= weights.flatten().index_select(0, order).to(x.dtype).unsqueeze(1)
         y = torch.zeros_like(x).index_add_(0, token, out)

@@ -10,10 +10,9 @@ weight (with its group scales) against fp32's 4. Two formats:
 
 Both are stored in tiles of 16 output rows (kernels.h's Int4 / Int8): ``minisgl/kernels/cpu/quant_gemm.c``
 multiplies them with fp32 rows at every row count, decode and prefill alike (integer dot products with
-AVX-512 VNNI, AVX-VNNI or AVX2, as llama.cpp does; x rounded to two int8 digits per group of 32, or
-to one on the rows the caller marks ``coarse``: a prompt's rows that are not sampled, and every row of
-an MLP's gate/up), each row the same
-whatever the batch. Without the C kernels, torch's run instead: its weight-only kernels
+AVX-512 VNNI, AVX-VNNI or AVX2, as llama.cpp does; x rounded to one int8 digit per group of 32, as
+llama.cpp rounds it, or to two in the products of a weight whose ``digits`` is 2: the LM head's), each
+row the same whatever the batch. Without the C kernels, torch's run instead: its weight-only kernels
 (``aten._weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm``: bf16 activations, their packed
 copies made on first use) for up to ``max_kernel_rows`` rows (``minisgl/tuning.py``, measured by
 ``benchmarks/many_rows.py``), and past them the weight expanded to bf16 a band of output rows at a
@@ -68,15 +67,17 @@ class QuantizedWeight(nn.Module):
     buffer: DequantBuffer | None = None  # set by the loader: shared by the model's quantized weights
     # The engine's C kernels (``DecoderForCausalLM.use_kernels``), set before the first product; None: torch's.
     kernels: CpuKernels | None = None
+    # int8 digits of x per group of 32 in the C kernels' products, set with ``kernels``: one (llama.cpp's
+    # rounding, half the dot products of two) but in the LM head's (``DecoderForCausalLM.use_kernels``).
+    digits: int = 1
 
-    def forward(self, x: torch.Tensor, coarse: torch.Tensor | None = None) -> torch.Tensor:
-        """On the CPU: the C kernels at every row count, x rounded to two int8 digits per group of 32
-        (one on the rows ``coarse`` marks: [rows] bool, or None); without them torch's kernels for at
-        most ``max_kernel_rows`` rows, bf16 GEMM on the expanded weight beyond (bf16 x: ``coarse``
-        changes nothing there)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """On the CPU: the C kernels at every row count, x rounded to ``digits`` int8 digits per group of
+        32; without them torch's kernels for at most ``max_kernel_rows`` rows, bf16 GEMM on the expanded
+        weight beyond."""
         rows = x.reshape(-1, self.in_features)
         if self._c_matmul is not None:
-            y = self._c_matmul(rows.float().contiguous(), coarse)
+            y = self._c_matmul(rows.float().contiguous())
         elif rows.shape[0] <= self.max_kernel_rows:
             y = self.kernel(rows)
         else:
@@ -88,10 +89,10 @@ class QuantizedWeight(nn.Module):
     @cached_property
     def _c_matmul(self) -> Matmul | None:
         """The C kernels' product, [rows, in] fp32 → [rows, out] fp32; None without them."""
-        return None if self.kernels is None else self.bind(self.kernels)
+        return None if self.kernels is None else self.bind(self.kernels, self.digits)
 
-    def bind(self, kernels: CpuKernels) -> Matmul:
-        """This weight's product through ``kernels``."""
+    def bind(self, kernels: CpuKernels, digits: int) -> Matmul:
+        """This weight's product through ``kernels``, x rounded to ``digits`` int8 digits."""
         raise NotImplementedError
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
@@ -278,8 +279,8 @@ class Int4Weight(QuantizedWeight):
         groups = codes[tile, :, :, lane].contiguous().view(torch.uint8)  # [rows, groups, 16]: GGUF's bytes
         return torch.cat([groups & 0xF, groups >> 4], dim=-1).reshape(len(tile), self.in_features)
 
-    def bind(self, kernels: CpuKernels) -> Matmul:
-        return kernels.int4(self.codes, self.scale, self.minimum, self.out_features)
+    def bind(self, kernels: CpuKernels, digits: int) -> Matmul:
+        return kernels.int4(self.codes, self.scale, self.minimum, self.out_features, digits)
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         packed, scales_and_zeros = self._torch_packing
@@ -370,11 +371,12 @@ class Int8Weight(QuantizedWeight):
         codes = self._tile_view()[tile, :, :, lane, :]  # [rows, groups, 8, 4]
         return codes.reshape(len(tile), self.padded_in)[:, : self.in_features]
 
-    def bind(self, kernels: CpuKernels) -> Matmul:
-        matmul, pad = kernels.int8(self.codes, self.scale, self.out_features), self.padded_in - self.in_features
+    def bind(self, kernels: CpuKernels, digits: int) -> Matmul:
+        matmul = kernels.int8(self.codes, self.scale, self.out_features, digits)
+        pad = self.padded_in - self.in_features
         if pad == 0:
             return matmul
-        return lambda x, coarse=None: matmul(F.pad(x, (0, pad)), coarse)  # the kernel reads whole groups
+        return lambda x: matmul(F.pad(x, (0, pad)))  # the kernel reads whole groups
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         # bf16 activations (and so scales): the torch kernel's fp32 path measured 10-100x slower past one row.

@@ -77,10 +77,8 @@ class Attention(nn.Module):
         scalar = cfg.query_pre_attn_scalar
         self.q_scale = None if scalar is None or scalar == d else (d / scalar) ** 0.5
 
-    def forward(
-        self, x: torch.Tensor, rope: Rope, ctx: AttentionContext, coarse: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        qkv = self.qkv_proj(x, coarse)
+    def forward(self, x: torch.Tensor, rope: Rope, ctx: AttentionContext) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
         tokens, (q_size, kv_size, _) = qkv.shape[0], self.split_sizes
         if self.q_norm is None or self.k_norm is None:
             # Q and K lie side by side in the fused projection: one rotation for both heads.
@@ -93,7 +91,7 @@ class Attention(nn.Module):
         if self.q_scale is not None:
             q = q * self.q_scale
         v = qkv[:, q_size + kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
-        return self.o_proj(ctx.attend(self.layer_id, q, k, v), coarse)
+        return self.o_proj(ctx.attend(self.layer_id, q, k, v))
 
 
 def mlp(cfg: ModelConfig, layer_id: int, tp: TPGroup | None) -> nn.Module:
@@ -129,27 +127,21 @@ class DecoderLayer(nn.Module):
         self.mlp = mlp(cfg, layer_id, tp)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        rope: Rope,
-        ctx: AttentionContext,
-        coarse: torch.Tensor | None = None,
+        self, x: torch.Tensor, residual: torch.Tensor | None, rope: Rope, ctx: AttentionContext
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's MLP output, the residual stream before it): the caller adds the two, in
         the next layer's norm, so that each add and norm is one call. ``residual`` is None for the
-        first layer, whose input is the residual stream itself. ``coarse``: [tokens] bool or None,
-        the rows whose quantized products may round x to one int8 digit (``Linear.forward``)."""
+        first layer, whose input is the residual stream itself."""
         if residual is None:
             h, residual = self.input_layernorm(x), x
         else:
             h, residual = self.input_layernorm.add_forward(x, residual)
-        attn = self.self_attn(h, rope, ctx, coarse)
+        attn = self.self_attn(h, rope, ctx)
         if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
             h, residual = self.post_attention_layernorm.add_forward(attn, residual)
-            return self.mlp(h, coarse), residual
+            return self.mlp(h), residual
         h, residual = self.pre_feedforward_layernorm.add_forward(self.post_attention_layernorm(attn), residual)
-        return self.post_feedforward_layernorm(self.mlp(h, coarse)), residual
+        return self.post_feedforward_layernorm(self.mlp(h)), residual
 
     def fused_weights(self) -> LayerWeights | None:
         """This layer for ``decode_layer.c``, if it is a kind it runs: a dense SwiGLU MLP, Llama's two
@@ -262,6 +254,10 @@ class DecoderForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, (RMSNorm, QuantizedWeight, Attention)):
                 module.kernels = kernels
+        if self.lm_head.quantized is not None:
+            # Its logits are what is sampled, and it is one product of a pass: x keeps two int8 digits
+            # there (greedy agreement with fp32 with one and with two: ``python -m benchmarks.quality``).
+            self.lm_head.quantized.digits = 2
 
     @cached_property
     def _fused_decoder(self) -> FusedDecoder | None:
@@ -288,9 +284,9 @@ class DecoderForCausalLM(nn.Module):
             pools = (paged.k_pool, paged.v_pool)
             x, residual = fused.run(x, cos, sin, *pools, paged.out_slots, paged.kv_slots, paged.kv_lens)
         else:
-            residual, coarse = None, self._coarse_rows(len(x), logit_rows)
+            residual = None
             for layer, rope in zip(self.model.layers, ropes):
-                x, residual = layer(x, residual, rope, ctx, coarse)
+                x, residual = layer(x, residual, rope, ctx)
         # The final norm and LM head are per row: compute them only where a token is sampled.
         assert residual is not None, "a model has at least one layer"
         logits = self.lm_head(self.model.norm.add_forward(x[logit_rows], residual[logit_rows])[0])
@@ -298,16 +294,3 @@ class DecoderForCausalLM(nn.Module):
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits if self.tp is None else self.tp.gather_vocab(logits, self.config.vocab_size)
-
-    def _coarse_rows(self, tokens: int, logit_rows: torch.Tensor) -> torch.Tensor | None:
-        """[tokens] bool: the rows whose logits are not computed, or None where every row's are or
-        the C kernels do not run. Such a row (a prompt token before the last) only leaves its K/V for
-        later tokens; rounding its x to one int8 digit, as llama.cpp rounds every row, halves the
-        products' work in a prefill, while every sampled row (decode, a prompt's last token, draft
-        verification, scoring) keeps two, except in the MLP's gate/up (``GatedMLP.forward``). Which
-        rows these are depends on the request alone, never on the batch it is in."""
-        if self.kernels is None or len(logit_rows) == tokens:
-            return None
-        coarse = torch.ones(tokens, dtype=torch.bool)
-        coarse[logit_rows] = False
-        return coarse

@@ -13,21 +13,19 @@
 
 #include "kernels.h"
 
-// y [rows, N] = x [rows, K] W^T through the weight's own kernel; `coarse`: [rows] marks, or NULL (as
-// quant_gemm.c's products take them).
-static int project(const Projection *w, const Step *s, const float *x, const uint8_t *coarse, int64_t K, int64_t N,
-                   float *y) {
+// y [rows, N] = x [rows, K] W^T through the weight's own kernel, x at one int8 digit as every layer's
+// products take it (layers/quant.py).
+static int project(const Projection *w, const Step *s, const float *x, int64_t K, int64_t N, float *y) {
     if (w->bits == 4)
-        return int4_gemm(x, coarse, s->batch, K, w->int4.codes, w->int4.scale, w->int4.minimum, N, y, s->threads);
-    if (w->bits == 8) return int8_gemm(x, coarse, s->batch, K, w->int8.codes, w->int8.scale, N, y, s->threads);
+        return int4_gemm(x, 1, s->batch, K, w->int4.codes, w->int4.scale, w->int4.minimum, N, y, s->threads);
+    if (w->bits == 8) return int8_gemm(x, 1, s->batch, K, w->int8.codes, w->int8.scale, N, y, s->threads);
     return KERNELS_BAD_SHAPE;
 }
 
 int64_t decode_layer_scratch(int64_t batch, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
                              int64_t intermediate) {
     const int64_t qkv = (heads + 2 * kv_heads) * head_dim, qk = (heads + kv_heads) * head_dim;
-    // The last float per row holds the gate/up product's one-digit marks (a byte per row).
-    return batch * (2 * hidden + qkv + qk + 2 * heads * head_dim + 2 * kv_heads * head_dim + 3 * intermediate + 1);
+    return batch * (2 * hidden + qkv + qk + 2 * heads * head_dim + 2 * kv_heads * head_dim + 3 * intermediate);
 }
 
 // delta: [batch, hidden], added to the residual stream `residual` (in place) unless `first`,
@@ -39,8 +37,6 @@ static int decode_layer(const Layer *l, const Step *s, const float *delta, int f
     float *h = s->scratch, *qkv = h + b * l->hidden, *qk = qkv + b * qkv_width, *q = qk + b * qk_heads * d;
     float *k = q + b * q_width, *v = k + b * kv_width, *attn = v + b * kv_width, *o = attn + b * q_width;
     float *gate_up = o + b * l->hidden, *act = gate_up + 2 * b * l->intermediate;
-    uint8_t *one_digit = (uint8_t *)(act + b * l->intermediate);  // GatedMLP's rule: every row of gate/up's x
-    memset(one_digit, 1, (size_t)b);
     const size_t element = s->kv_bf16 ? sizeof(uint16_t) : sizeof(float);
     void *k_pool = (char *)s->k_pool + (size_t)(l->layer * s->pool_layer_stride) * element;
     void *v_pool = (char *)s->v_pool + (size_t)(l->layer * s->pool_layer_stride) * element;
@@ -51,7 +47,7 @@ static int decode_layer(const Layer *l, const Step *s, const float *delta, int f
     } else {
         rms_norm(residual, delta, residual, l->input_norm, b, l->hidden, l->eps, h, s->threads);
     }
-    int failed = project(&l->qkv, s, h, NULL, l->hidden, qkv_width, qkv);
+    int failed = project(&l->qkv, s, h, l->hidden, qkv_width, qkv);
     if (failed) return failed;
     if (l->qkv_bias != NULL)
         for (int64_t r = 0; r < b; r++)
@@ -72,13 +68,13 @@ static int decode_layer(const Layer *l, const Step *s, const float *delta, int f
                                     s->kv_stride, s->kv_lens, b, l->heads, l->kv_heads, d, 1.0f / sqrtf((float)d),
                                     attn, s->threads);
     if (failed) return failed;
-    failed = project(&l->o, s, attn, NULL, q_width, l->hidden, o);
+    failed = project(&l->o, s, attn, q_width, l->hidden, o);
     if (failed) return failed;
     rms_norm(residual, o, residual, l->post_norm, b, l->hidden, l->eps, h, s->threads);
-    failed = project(&l->gate_up, s, h, one_digit, l->hidden, 2 * l->intermediate, gate_up);
+    failed = project(&l->gate_up, s, h, l->hidden, 2 * l->intermediate, gate_up);
     if (failed) return failed;
     silu_mul(gate_up, b, l->intermediate, act, s->threads);
-    return project(&l->down, s, act, NULL, l->intermediate, l->hidden, out);
+    return project(&l->down, s, act, l->intermediate, l->hidden, out);
 }
 
 // All `count` layers in turn: x [batch, hidden] is the embedded input; out receives the last

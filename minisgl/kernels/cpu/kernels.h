@@ -71,16 +71,16 @@ typedef struct {
 // "scalar" (the references only).
 const char *kernels_variant(void);
 
-// The quantized products at every row count (quant_gemm.c): x [rows, K] fp32 rounded to two int8
-// digits per group of 32 columns, or to one where coarse[row] (coarse may be NULL: none), y [rows, N] fp32.
-int int4_gemm(const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const uint8_t *codes,
-              const uint16_t *scale, const uint16_t *minimum, int64_t N, float *y, int threads);
-int int4_gemm_ref(const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const uint8_t *codes,
-                  const uint16_t *scale, const uint16_t *minimum, int64_t N, float *y);
-int int8_gemm(const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const int8_t *codes, const float *scale,
-              int64_t N, float *y, int threads);
-int int8_gemm_ref(const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const int8_t *codes,
-                  const float *scale, int64_t N, float *y);
+// The quantized products at every row count (quant_gemm.c): x [rows, K] fp32 rounded to `digits` int8
+// digits (1 or 2) per group of 32 columns, y [rows, N] fp32.
+int int4_gemm(const float *x, int digits, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+              const uint16_t *minimum, int64_t N, float *y, int threads);
+int int4_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+                  const uint16_t *minimum, int64_t N, float *y);
+int int8_gemm(const float *x, int digits, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
+              float *y, int threads);
+int int8_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const int8_t *codes, const float *scale,
+                  int64_t N, float *y);
 
 // The slots and lengths are checked against `slots` (the pool's) and `stride` before anything is written.
 int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,

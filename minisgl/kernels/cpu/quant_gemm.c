@@ -12,14 +12,13 @@
 // - int8: 8 vectors of 16 rows x 4 bytes, byte b of vector i holding column 4i + b; one fp32 scale
 //   per row, stored apart: w = code * scale.
 //
-// x is rounded once per group of 32 columns to two int8 digits, x / step ~ high + low / 256: 15 bits
-// below the group's largest value; or, for the rows the caller marks `coarse`, to the high digit alone
-// (llama.cpp's Q8 activations: low = 0), which takes half the dot products. (Every row of every product
-// at one digit loses greedy agreement with fp32 in benchmarks.quality: the engine marks the rows whose
-// outputs are not sampled, and every row of an MLP's gate/up, layers/mlp.py.) A register tile computes
-// one vector of output rows against up to GEMM_ROWS rows of x: a group's eight 4-column dot products per
-// digit sum in int32 per lane (vpdpbusd, unsigned by signed: int8 codes go in offset by 128, taken back
-// out with the digits' sum) before the one conversion that applies the group's step.
+// x is rounded once per group of 32 columns to one int8 digit (llama.cpp's Q8 activations), or, where
+// the caller asks for `digits` = 2, to two, x / step ~ high + low / 256: 15 bits below the group's
+// largest value, at twice the dot products (the engine asks for two in the LM head's product alone:
+// layers/quant.py). A register tile computes one vector of output rows against up to GEMM_ROWS rows of
+// x: a group's eight 4-column dot products per digit sum in int32 per lane (vpdpbusd, unsigned by
+// signed: int8 codes go in offset by 128, taken back out with the digits' sum) before the one
+// conversion that applies the group's step.
 // With AVX2 alone: int4 codes by the digits in int16 pairs (vpmaddubsw), a group's summed in int16
 // (at most 16 x 15 x 127), widened once per digit (vpmaddwd); int8 codes widened to int16 and
 // multiplied by both digits at once as one int16, 256 high + low (vpmaddwd).
@@ -27,14 +26,11 @@
 // Arithmetic, the same in the references and in every SIMD body, bit for bit, and for a row of x the
 // same whatever other rows it comes with (a request computes the same alone as in a batch): per row of
 // x and group g, v = x * (127 / max |x|), high = round(v), low = round(256 (v - high)) (both int8;
-// low = 0 for a coarse row), q = 256 high + low, step = max |x| / 127 / 256, sum = step * (sum of q); then
+// low = 0 with one digit), q = 256 high + low, step = max |x| / 127 / 256, sum = step * (sum of q); then
 // per output o, over the groups in order,
 // - int4: acc = fma(dot(q, code), scale * step, acc); acc = fma(minimum, sum, acc); y = acc,
 // - int8: acc = fma(dot(q, code), step, acc); y = acc * scale,
 // the dequantized weight times the rounded x.
-//
-// A register tile of rows that are all coarse runs without the low digit's products; one with any
-// precise row runs them all, the coarse rows' on their zero digits: either way the same integers.
 //
 // Threads: the tiles are split over `threads` OpenMP threads, each a contiguous run of them; x is
 // rounded once, row by row over them.
@@ -59,12 +55,12 @@
 
 const char *kernels_variant(void) { return KERNELS_VARIANT; }
 
-// One row of x rounded per group (as above): its digits q (high) and q_low [K] int8 (zeros where
-// `coarse`), step and sum [K / 32].
-typedef void (*RoundRow)(const float *x, int64_t K, int coarse, int8_t *q, int8_t *q_low, float *step,
+// One row of x rounded per group (as above) to `digits` digits: q (high) and q_low [K] int8 (zeros with
+// one digit), step and sum [K / 32].
+typedef void (*RoundRow)(const float *x, int64_t K, int digits, int8_t *q, int8_t *q_low, float *step,
                          int32_t *totals, float *sum);
 
-static void round_row_plain(const float *x, int64_t K, int coarse, int8_t *q, int8_t *q_low, float *step,
+static void round_row_plain(const float *x, int64_t K, int digits, int8_t *q, int8_t *q_low, float *step,
                             int32_t *totals, float *sum) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
@@ -74,7 +70,7 @@ static void round_row_plain(const float *x, int64_t K, int coarse, int8_t *q, in
         int32_t total = 0;  // of the digits, 256 high + low
         for (int64_t i = 0; i < GROUP; i++) {
             const float v = xg[i] * inverse, high = nearbyintf(v);
-            const float low = coarse ? 0.0f : nearbyintf((v - high) * 256.0f);
+            const float low = digits == 1 ? 0.0f : nearbyintf((v - high) * 256.0f);
             const int8_t h = (int8_t)(high > 127.0f ? 127.0f : high < -127.0f ? -127.0f : high);
             const int8_t l = (int8_t)(low > 127.0f ? 127.0f : low < -127.0f ? -127.0f : low);
             q[g * GROUP + i] = h;
@@ -96,7 +92,7 @@ typedef struct {
     int16_t *wide;  // the int8 product's operand with AVX2 alone (widen_rows); NULL elsewhere
 } RoundedX;
 
-static int round_rows(RoundRow round_row, const float *x, const uint8_t *coarse, int64_t rows, int64_t K,
+static int round_rows(RoundRow round_row, const float *x, int digits, int64_t rows, int64_t K,
                       Scratch *scratch, RoundedX *out, int threads) {
     const int64_t groups = K / GROUP;
     const size_t code_bytes = round64((size_t)(rows * K));
@@ -111,7 +107,7 @@ static int round_rows(RoundRow round_row, const float *x, const uint8_t *coarse,
     out->wide = NULL;
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++)
-        round_row(x + r * K, K, coarse != NULL && coarse[r], out->codes + r * K, out->low + r * K,
+        round_row(x + r * K, K, digits, out->codes + r * K, out->low + r * K,
                   out->step + r * groups, out->total + r * groups, out->sum + r * groups);
     return KERNELS_OK;
 }
@@ -123,12 +119,12 @@ static inline int int4_code_at(const uint8_t *codes, int64_t K, int64_t o, int64
     return c < 16 ? byte & 0x0F : byte >> 4;
 }
 
-int int4_gemm_ref(const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const uint8_t *codes,
+int int4_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const uint8_t *codes,
                   const uint16_t *scale, const uint16_t *minimum, int64_t N, float *y) {
-    if (K % GROUP) return KERNELS_BAD_SHAPE;
+    if (K % GROUP || (digits != 1 && digits != 2)) return KERNELS_BAD_SHAPE;
     Scratch scratch = {0};
     RoundedX xr;
-    if (round_rows(round_row_plain, x, coarse, rows, K, &scratch, &xr, 1)) return KERNELS_NO_MEMORY;
+    if (round_rows(round_row_plain, x, digits, rows, K, &scratch, &xr, 1)) return KERNELS_NO_MEMORY;
     const int64_t groups = K / GROUP;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t o = 0; o < N; o++) {
@@ -156,12 +152,12 @@ static inline int int8_code_at(const int8_t *codes, int64_t K, int64_t o, int64_
     return codes[((o / TILE * (K / GROUP) + k / GROUP) * 8 + k % GROUP / 4) * 4 * TILE + o % TILE * 4 + k % 4];
 }
 
-int int8_gemm_ref(const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const int8_t *codes,
+int int8_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const int8_t *codes,
                   const float *scale, int64_t N, float *y) {
-    if (K % GROUP) return KERNELS_BAD_SHAPE;
+    if (K % GROUP || (digits != 1 && digits != 2)) return KERNELS_BAD_SHAPE;
     Scratch scratch = {0};
     RoundedX xr;
-    if (round_rows(round_row_plain, x, coarse, rows, K, &scratch, &xr, 1)) return KERNELS_NO_MEMORY;
+    if (round_rows(round_row_plain, x, digits, rows, K, &scratch, &xr, 1)) return KERNELS_NO_MEMORY;
     const int64_t groups = K / GROUP;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t o = 0; o < N; o++) {
@@ -257,7 +253,7 @@ static inline void store_8(int8_t *p, __m256i v) {  // 8 int32 in -127..127, in 
 #define PARTS (TILE / V)  // vectors of output rows per tile
 
 // round_row_plain in vector registers: the same values (max and integer sums in another order).
-static void round_row_simd(const float *x, int64_t K, int coarse, int8_t *q, int8_t *q_low, float *step,
+static void round_row_simd(const float *x, int64_t K, int digits, int8_t *q, int8_t *q_low, float *step,
                            int32_t *totals, float *sum) {
     const VecF low_scale = set1_ps(256.0f), top = set1_ps(127.0f), bottom = set1_ps(-127.0f);
     for (int64_t g = 0; g < K / GROUP; g++) {
@@ -271,7 +267,7 @@ static void round_row_simd(const float *x, int64_t K, int coarse, int8_t *q, int
         VecI total = zero_si();
         for (int i = 0; i < GROUP / V; i++) {
             const VecF v = mul_ps(part[i], inverse), high = round_ps(v);
-            const VecF low = coarse ? zero_ps() : round_ps(mul_ps(sub_ps(v, high), low_scale));
+            const VecF low = digits == 1 ? zero_ps() : round_ps(mul_ps(sub_ps(v, high), low_scale));
             const VecI hi = cvt_32(min_ps(max_ps(high, bottom), top)), lo = cvt_32(min_ps(max_ps(low, bottom), top));
             store_8(q + g * GROUP + V * i, hi);
             store_8(q_low + g * GROUP + V * i, lo);
@@ -349,8 +345,8 @@ static inline __m256i int4_digit_dot(const __m256i *quads, const int8_t *q, __m2
 }
 #endif
 
-// R rows of x from r0 against one vector of BITS-bit output rows, with DIGITS digits of x (1: the rows
-// are all coarse; all three compile-time constants: always inlined with literals), over groups g0 .. g1:
+// R rows of x from r0 against one vector of BITS-bit output rows, with DIGITS digits of x (all three
+// compile-time constants: always inlined with literals), over groups g0 .. g1:
 // the sums go on from y's where g0 > 0 (the same chain of fmas as in one pass).
 static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, const int BITS, const int DIGITS,
                                                             int64_t K, const Rows *w, const RoundedX *x, int64_t r0,
@@ -405,7 +401,7 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
             if (BITS == 4) {
                 dot = int4_digit_dot(quads, x->codes + column, _mm256_set1_epi16(256));
                 if (DIGITS == 2) dot = add_32(dot, int4_digit_dot(quads, x->low + column, _mm256_set1_epi16(1)));
-            } else {  // x->wide holds both digits (a coarse row's low ones zero): one product either way
+            } else {  // x->wide holds both digits (the low ones zero with one): one product either way
                 // Per lane pairs of one row's column sums (rows 0-3, rows 4-7), then one sum per row in order.
                 __m256i first = zero_si(), second = zero_si();
                 for (int i = 0; i < 8; i++) {
@@ -480,27 +476,19 @@ GEMM_TILES(4, 2)
 GEMM_TILES(8, 1)
 GEMM_TILES(8, 2)
 
-// Whether rows r0 .. r0 + R of x are all marked coarse.
-static int all_coarse(const uint8_t *coarse, int64_t r0, int64_t R) {
-    if (coarse == NULL) return 0;
-    for (int64_t r = r0; r < r0 + R; r++)
-        if (!coarse[r]) return 0;
-    return 1;
-}
-
 // Every row of x against every tile of a BITS-bit weight (rows_of's codes, scale, minimum).
-static int gemm(int bits, const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const void *codes,
+static int gemm(int bits, const float *x, int digits, int64_t rows, int64_t K, const void *codes,
                 const void *scale, const uint16_t *minimum, int64_t N, float *y, int threads) {
-    if (K % GROUP) return KERNELS_BAD_SHAPE;
+    if (K % GROUP || (digits != 1 && digits != 2)) return KERNELS_BAD_SHAPE;
     static _Thread_local Scratch x_scratch;
     RoundedX xr;
-    if (round_rows(round_row_simd, x, coarse, rows, K, &x_scratch, &xr, threads)) return KERNELS_NO_MEMORY;
+    if (round_rows(round_row_simd, x, digits, rows, K, &x_scratch, &xr, threads)) return KERNELS_NO_MEMORY;
 #if defined(WIDE_DOTS)
     static _Thread_local Scratch wide_scratch;
     if (bits == 8 && widen_rows(&xr, rows, K, &wide_scratch, threads)) return KERNELS_NO_MEMORY;
 #endif
-    const TileFn *precise = bits == 4 ? gemm_tiles_4_2 : gemm_tiles_8_2;
-    const TileFn *one_digit = bits == 4 ? gemm_tiles_4_1 : gemm_tiles_8_1;
+    const TileFn *run = digits == 1 ? (bits == 4 ? gemm_tiles_4_1 : gemm_tiles_8_1)
+                                    : (bits == 4 ? gemm_tiles_4_2 : gemm_tiles_8_2);
     const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE;
     // Each register tile of x is run against a block of up to BLOCK_TILES tiles while it is in L1; the
     // blocks come in a multiple of the threads, so that each thread gets the same number.
@@ -512,14 +500,13 @@ static int gemm(int bits, const float *x, const uint8_t *coarse, int64_t rows, i
         // on the lines the first just brought in; one vector through a whole tile and then the other would
         // leave the memory idle while the second computes, the prefetch having nothing new ahead of it.
         const int64_t turn = PARTS > 1 ? TURN : groups;
-        const TileFn run = (all_coarse(coarse, 0, rows) ? one_digit : precise)[rows];
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int64_t b = 0; b < blocks; b++)
             for (int64_t t = b * block; t < min64(b * block + block, tiles); t++)
                 for (int64_t g0 = 0; g0 < groups; g0 += turn)
                     for (int64_t part = 0; part < PARTS; part++) {
                         const Rows w = rows_of(bits, codes, scale, minimum, groups, N, t, part);
-                        if (w.live > 0) run(K, &w, &xr, 0, g0, min64(g0 + turn, groups), N, y);
+                        if (w.live > 0) run[rows](K, &w, &xr, 0, g0, min64(g0 + turn, groups), N, y);
                     }
         return KERNELS_OK;
     }
@@ -530,11 +517,10 @@ static int gemm(int bits, const float *x, const uint8_t *coarse, int64_t rows, i
             const int64_t g1 = min64(g0 + SPAN, groups);
             for (int64_t r0 = 0; r0 < rows; r0 += GEMM_ROWS) {
                 const int64_t R = min64(GEMM_ROWS, rows - r0);
-                const TileFn run = (all_coarse(coarse, r0, R) ? one_digit : precise)[R];
                 for (int64_t t = t0; t < t1; t++)
                     for (int64_t part = 0; part < PARTS; part++) {
                         const Rows w = rows_of(bits, codes, scale, minimum, groups, N, t, part);
-                        if (w.live > 0) run(K, &w, &xr, r0, g0, g1, N, y);
+                        if (w.live > 0) run[R](K, &w, &xr, r0, g0, g1, N, y);
                     }
             }
         }
@@ -542,32 +528,32 @@ static int gemm(int bits, const float *x, const uint8_t *coarse, int64_t rows, i
     return KERNELS_OK;
 }
 
-// x: [rows, K] fp32 (K a multiple of 32), coarse: [rows] or NULL (every row precise), codes / scale /
-// minimum: the tiles of an [N, K] weight (kernels.h's Int4), y: [rows, N] fp32.
-int int4_gemm(const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const uint8_t *codes,
+// x: [rows, K] fp32 (K a multiple of 32), digits: 1 or 2, codes / scale / minimum: the tiles of an
+// [N, K] weight (kernels.h's Int4), y: [rows, N] fp32.
+int int4_gemm(const float *x, int digits, int64_t rows, int64_t K, const uint8_t *codes,
               const uint16_t *scale, const uint16_t *minimum, int64_t N, float *y, int threads) {
-    return gemm(4, x, coarse, rows, K, codes, scale, minimum, N, y, threads);
+    return gemm(4, x, digits, rows, K, codes, scale, minimum, N, y, threads);
 }
 
-// x: [rows, K] fp32 (K a multiple of 32), coarse: [rows] or NULL, codes / scale: the tiles of an [N, K]
-// weight (kernels.h's Int8), y: [rows, N] fp32.
-int int8_gemm(const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const int8_t *codes, const float *scale,
+// x: [rows, K] fp32 (K a multiple of 32), digits: 1 or 2, codes / scale: the tiles of an [N, K] weight
+// (kernels.h's Int8), y: [rows, N] fp32.
+int int8_gemm(const float *x, int digits, int64_t rows, int64_t K, const int8_t *codes, const float *scale,
               int64_t N, float *y, int threads) {
-    return gemm(8, x, coarse, rows, K, codes, scale, NULL, N, y, threads);
+    return gemm(8, x, digits, rows, K, codes, scale, NULL, N, y, threads);
 }
 
 #else  // no SIMD: the references are the bodies
 
-int int4_gemm(const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const uint8_t *codes,
+int int4_gemm(const float *x, int digits, int64_t rows, int64_t K, const uint8_t *codes,
               const uint16_t *scale, const uint16_t *minimum, int64_t N, float *y, int threads) {
     (void)threads;
-    return int4_gemm_ref(x, coarse, rows, K, codes, scale, minimum, N, y);
+    return int4_gemm_ref(x, digits, rows, K, codes, scale, minimum, N, y);
 }
 
-int int8_gemm(const float *x, const uint8_t *coarse, int64_t rows, int64_t K, const int8_t *codes, const float *scale,
+int int8_gemm(const float *x, int digits, int64_t rows, int64_t K, const int8_t *codes, const float *scale,
               int64_t N, float *y, int threads) {
     (void)threads;
-    return int8_gemm_ref(x, coarse, rows, K, codes, scale, N, y);
+    return int8_gemm_ref(x, digits, rows, K, codes, scale, N, y);
 }
 
 #endif
