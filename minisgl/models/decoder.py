@@ -255,8 +255,8 @@ class DecoderForCausalLM(nn.Module):
             if isinstance(module, (RMSNorm, QuantizedWeight, Attention)):
                 module.kernels = kernels
         if self.lm_head.quantized is not None:
-            # Its logits are what is sampled, and it is one product of a pass: x keeps two int8 digits
-            # there (greedy agreement with fp32 with one and with two: ``python -m benchmarks.quality``).
+            # Its logits are what is sampled, and it is one product of a pass against every layer's
+            # several: x keeps two int8 digits there.
             self.lm_head.quantized.digits = 2
 
     @cached_property
