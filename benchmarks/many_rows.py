@@ -1,7 +1,8 @@
 """The quantized weights' product paths per weight, at several row counts, on the projections of the
 default model and of a 1.7B one (SmolLM2-1.7B's shapes): the C kernel (``quant_gemm.c``, every row
-count; x at one int8 digit, as every layer's products take it, and at two, as the LM head's), torch's weight-only kernel and the weight expanded to bf16 with torch's bf16 GEMM (the
-fallback without the C kernels), and dense packed bf16 and fp32 products beside them.
+count; x at one int8 digit, as every layer's products take it, and at two, as the LM head's), torch's
+weight-only kernel and the weight expanded to bf16 with torch's bf16 GEMM (the fallback without the C
+kernels), and dense packed bf16 and fp32 products beside them.
 ``INT4_MAX_KERNEL_ROWS`` / ``INT8_MAX_KERNEL_ROWS`` (``minisgl/tuning.py``: where torch's kernel stops
 beating the expansion) are set from the "torch faster" column.
 
