@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.machine import cpu_flags, load_average, machine_info
-from minisgl.engine.heap import retain_freed_memory
+from minisgl.heap import retain_freed_memory
 from minisgl.kernels.native import resolve_kernels
 from minisgl.kernels.variants import KERNEL_CHOICES
 from minisgl.layers.linear import Linear, pack_weights

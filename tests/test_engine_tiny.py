@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 import minisgl.engine.engine as engine_module
 from minisgl import LLM, SamplingParams
-from minisgl.engine.heap import retain_freed_memory
+from minisgl.heap import retain_freed_memory
 from minisgl.tuning import DECODE_RUN
 
 MAX_TOKENS = 12

@@ -16,7 +16,7 @@ from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.batch import Batch
 from minisgl.config import EngineConfig
 from minisgl.distributed.sharding import max_kv_heads
-from minisgl.engine.heap import retain_freed_memory
+from minisgl.heap import retain_freed_memory
 from minisgl.kernels.native import cpu_paths, resolve_kernels
 from minisgl.kvcache.pool import KVPool
 from minisgl.kvcache.table import TableManager

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl.heap import advise_huge_pages
 from minisgl.kernels.native import QUANT_TILE, CpuKernels, Matmul
 from minisgl.tuning import INT4_MAX_KERNEL_ROWS, INT8_MAX_KERNEL_ROWS
 
@@ -160,8 +161,10 @@ class Int4Weight(QuantizedWeight):
         """An [out, in] weight to be filled, every row of it (``write_rows``): only the last tile, where
         rows past ``out_features`` must stay zero, is zeroed now (the rest would be written twice)."""
         tiles = -(-out_features // QUANT_TILE)
-        codes = torch.empty(tiles, in_features * 8, dtype=torch.uint8)
-        scale, minimum = (torch.empty(tiles, in_features // 2, dtype=torch.float16) for _ in range(2))
+        codes = advise_huge_pages(torch.empty(tiles, in_features * 8, dtype=torch.uint8))
+        scale, minimum = (
+            advise_huge_pages(torch.empty(tiles, in_features // 2, dtype=torch.float16)) for _ in range(2)
+        )
         for buffer in (codes, scale, minimum):
             buffer[-1:].zero_()
         return cls(codes, scale, minimum, out_features)
@@ -337,8 +340,8 @@ class Int8Weight(QuantizedWeight):
     def empty(cls, out_features: int, in_features: int) -> Int8Weight:
         """An [out, in] weight of zeros, to be filled."""
         tiles, padded_in = -(-out_features // QUANT_TILE), -(-in_features // INT4_GROUP) * INT4_GROUP
-        codes = torch.zeros(tiles, QUANT_TILE * padded_in, dtype=torch.int8)
-        return cls(codes, torch.zeros(tiles * QUANT_TILE), out_features, in_features)
+        codes = advise_huge_pages(torch.empty(tiles, QUANT_TILE * padded_in, dtype=torch.int8)).zero_()
+        return cls(codes, advise_huge_pages(torch.empty(tiles * QUANT_TILE)).zero_(), out_features, in_features)
 
     @classmethod
     def quantize(cls, w: torch.Tensor) -> Int8Weight:
