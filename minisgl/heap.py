@@ -9,9 +9,9 @@ Kept in the heap instead, the same memory serves every pass; the resident memory
 one pass needs, as a caching allocator's does.
 
 A decode step streams every quantized weight once, and a weight on 4 KiB pages streams slower than on
-Linux's 2 MiB transparent huge pages (a TLB entry and a page walk per 4 KiB, and the hardware
-prefetchers stop at each page's end): ``advise_huge_pages`` asks for those where the system gives them
-on request (``/sys/kernel/mm/transparent_hugepage/enabled``: ``madvise``, a common default).
+Linux's 2 MiB transparent huge pages (one TLB entry covers 512 of the small ones): ``advise_huge_pages``
+asks for those where the system gives them on request (``/sys/kernel/mm/transparent_hugepage/enabled``:
+``madvise``, a common default, or ``always``).
 """
 
 from __future__ import annotations
