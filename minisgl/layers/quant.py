@@ -341,7 +341,7 @@ class Int8Weight(QuantizedWeight):
         """An [out, in] weight of zeros, to be filled."""
         tiles, padded_in = -(-out_features // QUANT_TILE), -(-in_features // INT4_GROUP) * INT4_GROUP
         codes = advise_huge_pages(torch.empty(tiles, QUANT_TILE * padded_in, dtype=torch.int8)).zero_()
-        return cls(codes, advise_huge_pages(torch.empty(tiles * QUANT_TILE)).zero_(), out_features, in_features)
+        return cls(codes, torch.zeros(tiles * QUANT_TILE), out_features, in_features)  # a row's scale: 4 bytes
 
     @classmethod
     def quantize(cls, w: torch.Tensor) -> Int8Weight:
