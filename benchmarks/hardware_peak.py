@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.machine import load_average, machine_info
-from minisgl.heap import advise_huge_pages
+from minisgl.heap import huge_page_buffer
 
 
 def _best_seconds(fn: Callable[[], object], repeats: int = 5) -> float:
@@ -34,9 +34,9 @@ def matmul_flops(dtype: torch.dtype, n: int = 2048) -> float:
 
 def memory_bandwidth(gib: float = 1.0) -> float:
     """Bytes/s of a streaming read (a sum over a tensor far larger than the caches), from huge pages where
-    Linux gives them, as the engine's quantized weights are (``minisgl.heap.advise_huge_pages``): the best
+    Linux gives them, as the engine's quantized weights are (``minisgl.heap.huge_page_buffer``): the best
     read this machine does, not one slowed by a page walk every 4 KiB."""
-    x = advise_huge_pages(torch.empty(int(gib * 2**30) // 4, dtype=torch.float32)).fill_(1.0)
+    x = huge_page_buffer(int(gib * 2**30) // 4 * 4).view(torch.float32).fill_(1.0)
     return x.numel() * 4 / _best_seconds(lambda: x.sum())
 
 

@@ -9,9 +9,12 @@ Kept in the heap instead, the same memory serves every pass; the resident memory
 one pass needs, as a caching allocator's does.
 
 A decode step streams every quantized weight once, and a weight on 4 KiB pages streams slower than on
-Linux's 2 MiB transparent huge pages (one TLB entry covers 512 of the small ones): ``advise_huge_pages``
-asks for those where the system gives them on request (``/sys/kernel/mm/transparent_hugepage/enabled``:
-``madvise``, a common default, or ``always``).
+Linux's 2 MiB transparent huge pages (one TLB entry covers 512 of the small ones): ``huge_page_buffer``
+is memory that takes those on first write where the system gives them on request
+(``/sys/kernel/mm/transparent_hugepage/enabled``: ``madvise``, a common default, or ``always``). Only
+whole, aligned 2 MiB ranges of a mapping get one, so the loader moves every quantized weight into a
+``HugePageArena``, one after another as they are built: a small model's weights, each under 2 MiB,
+would get none on their own.
 """
 
 from __future__ import annotations
@@ -57,18 +60,43 @@ def retain_freed_memory() -> bool:
     return applied
 
 
-def advise_huge_pages(t: torch.Tensor) -> torch.Tensor:
-    """``t``, its pages advised ``MADV_HUGEPAGE``: a CPU tensor just allocated and not yet written, so
-    that its first writes take 2 MiB pages where its memory spans whole ones (past the first of a large
-    allocation, which malloc's own header has written). Tensors under two huge pages are left alone:
-    they could gain little, and each advised range may split the heap's mapping in three (a MoE model
-    has thousands of small experts). Advice only: ``t`` is returned as it was. One user's decode with and
-    without it, in one process: ``docs/benchmarks/session24-amd/huge_pages.md`` (its script there)."""
+def huge_page_buffer(nbytes: int) -> torch.Tensor:
+    """``nbytes`` of CPU memory (uint8), not yet written, starting on a 2 MiB boundary and advised
+    ``MADV_HUGEPAGE``: its first writes take huge pages for each whole 2 MiB of it where the system
+    gives them (off Linux, or without glibc, plain memory). Its tail past the last whole huge page
+    is not advised, so that the buffer never holds memory past its end."""
+    raw = torch.empty(nbytes + _HUGE_PAGE, dtype=torch.uint8)
+    start = -raw.data_ptr() % _HUGE_PAGE
+    buffer = raw[start : start + nbytes]
     libc = _libc()
-    nbytes = t.numel() * t.element_size()
-    if libc is None or t.device.type != "cpu" or nbytes < 2 * _HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return t
-    start = t.data_ptr() // mmap.PAGESIZE * mmap.PAGESIZE
-    end = t.data_ptr() + nbytes
-    libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_HUGEPAGE)
-    return t
+    advised = nbytes // _HUGE_PAGE * _HUGE_PAGE
+    if libc is not None and advised and hasattr(mmap, "MADV_HUGEPAGE"):
+        libc.madvise(ctypes.c_void_p(buffer.data_ptr()), ctypes.c_size_t(advised), mmap.MADV_HUGEPAGE)
+    return buffer
+
+
+class HugePageArena:
+    """CPU tensors placed one after another in ``huge_page_buffer`` chunks, so that many small ones
+    share huge pages. A tensor larger than half a chunk gets a buffer of its own. What a chunk leaves
+    unused is never written, and so never resident, but for the rest of its last huge page."""
+
+    _ALIGN = 64  # each tensor starts on a cache line
+
+    def __init__(self, chunk_bytes: int = 256 << 20) -> None:
+        self.chunk_bytes = chunk_bytes
+        self._chunk: torch.Tensor | None = None
+        self._used = 0
+
+    def place(self, t: torch.Tensor) -> torch.Tensor:
+        """A copy of ``t`` (a CPU tensor) in the arena: contiguous, with its shape and dtype."""
+        if t.device.type != "cpu":
+            raise ValueError(f"a huge-page arena holds CPU tensors, not {t.device} ones")
+        nbytes = t.numel() * t.element_size()
+        if nbytes > self.chunk_bytes // 2:
+            room = huge_page_buffer(nbytes)
+        else:
+            if self._chunk is None or self._used + nbytes > self.chunk_bytes:
+                self._chunk, self._used = huge_page_buffer(self.chunk_bytes), 0
+            room = self._chunk[self._used : self._used + nbytes]
+            self._used += -(-nbytes // self._ALIGN) * self._ALIGN
+        return room.view(t.dtype).view(t.shape).copy_(t)

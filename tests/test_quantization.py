@@ -12,17 +12,26 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
+from torch import nn
 
 from benchmarks.corpus import GUIDELINES
 from minisgl import LLM, SamplingParams
 from minisgl.batch import AttentionKind, Batch
 from minisgl.config import EngineConfig
+from minisgl.heap import HugePageArena
 from minisgl.kernels.native import resolve_kernels
 from minisgl.kernels.variants import VARIANTS, cpu_flags, host_variants
 from minisgl.layers.linear import Linear
-from minisgl.layers.quant import INT4_GROUP, DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
+from minisgl.layers.quant import (
+    INT4_GROUP,
+    DequantBuffer,
+    Int4Weight,
+    Int8Weight,
+    QuantizedWeight,
+)
 from minisgl.models.gguf import default_model_path
 from minisgl.models.gguf_tensors import INT4_EXACT, GGUFTensors, int4_from_blocks
+from minisgl.models.loader import memory_bytes
 from minisgl.models.perplexity import perplexity, sequence_logits
 from tests.conftest import c_kernels_or_skip
 from tests.tiny_models import WINDOW, build_tiny_model
@@ -166,19 +175,40 @@ def mapping_flags(address: int) -> list[str]:
     raise AssertionError(f"no mapping holds {address:#x}")
 
 
+def test_weights_moved_into_an_arena_keep_their_values_one_after_another() -> None:
+    """What the loader does with each weight the C kernels run: its buffers copied into a huge-page
+    arena, one after another, values unchanged; a tensor past half a chunk gets a buffer of its own.
+    The model's memory counts the bytes the weights hold, not the arena's chunk."""
+    arena = HugePageArena(chunk_bytes=1 << 20)
+    first, second = Int4Weight.quantize(torch.randn(48, 96)), Int8Weight.quantize(torch.randn(20, 70))
+    large = Int8Weight.quantize(torch.randn(1024, 1024))  # 1 MiB of codes
+    dense = [w.dequantize() for w in (first, second, large)]
+    for weight in (first, second, large):
+        weight.move_into(arena)
+    small = [*first.buffers(), *second.buffers()]
+    assert len({t.untyped_storage().data_ptr() for t in small}) == 1
+    starts = [t.data_ptr() for t in small]
+    assert starts == sorted(starts) and all(start % 64 == 0 for start in starts)
+    assert starts[-1] - starts[0] < sum(t.nbytes + 64 for t in small[:-1])  # one after another
+    assert large.codes.untyped_storage().data_ptr() not in {t.untyped_storage().data_ptr() for t in small}
+    assert all(torch.equal(w.dequantize(), d) for w, d in zip((first, second, large), dense))
+    weights = [*small, *large.buffers()]
+    assert memory_bytes(nn.ModuleList([first, second, large]))["weights"] == sum(t.nbytes for t in weights)
+    with pytest.raises(ValueError, match="CPU tensors"):
+        arena.place(torch.empty(4, device="meta"))
+
+
 @pytest.mark.skipif(
     not Path("/sys/kernel/mm/transparent_hugepage/enabled").exists(), reason="no transparent huge pages (Linux)"
 )
-def test_large_quantized_weights_ask_for_huge_pages() -> None:
-    """Decode streams every weight whole each step, faster from 2 MiB pages: a large weight's buffers
-    are advised MADV_HUGEPAGE ("hg") before they are written, and hold what was written to them."""
-    dense = torch.randn(4096, 2048)
-    for weight in (Int4Weight.quantize(dense), Int8Weight.quantize(dense)):
-        codes = weight.codes
-        assert codes.nbytes >= 4 << 20  # two huge pages: advised
-        assert "hg" in mapping_flags(codes.data_ptr() + codes.nbytes // 2), type(weight).__name__
-        half_step = dense.abs().max() * (2 / 30 if isinstance(weight, Int4Weight) else 1 / 254)
-        assert (weight.dequantize() - dense).abs().max() <= 1.01 * half_step
+def test_the_loaded_weights_ask_for_huge_pages(auto_llm: LLM) -> None:
+    """Decode streams every weight whole each step, faster from 2 MiB pages: the C kernels' weights lie
+    in huge-page buffers advised MADV_HUGEPAGE ("hg") before they were written, the LM head's too."""
+    c_kernels_or_skip()  # without them torch's kernels run, on copies of their own
+    model = auto_llm.scheduler.engine.model
+    weights = {id(m): m for m in model.modules() if isinstance(m, QuantizedWeight)}.values()
+    assert len({w.codes.untyped_storage().data_ptr() for w in weights}) < len(weights) / 10  # shared chunks
+    assert all("hg" in mapping_flags(w.codes.data_ptr()) for w in weights)
 
 
 def c_kernels_expected() -> bool:

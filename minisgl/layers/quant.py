@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minisgl.heap import advise_huge_pages
+from minisgl.heap import HugePageArena
 from minisgl.kernels.native import QUANT_TILE, CpuKernels, Matmul
 from minisgl.tuning import INT4_MAX_KERNEL_ROWS, INT8_MAX_KERNEL_ROWS
 
@@ -95,6 +95,12 @@ class QuantizedWeight(nn.Module):
     def bind(self, kernels: CpuKernels, digits: int) -> Matmul:
         """This weight's product through ``kernels``, x rounded to ``digits`` int8 digits."""
         raise NotImplementedError
+
+    def move_into(self, arena: HugePageArena) -> None:
+        """Every buffer of this weight moved into ``arena`` (its values unchanged; the old ones dropped
+        one by one as they are copied), before any product is bound (``bind`` reads the addresses)."""
+        for name in [name for name, _ in self.named_buffers(recurse=False)]:
+            setattr(self, name, arena.place(getattr(self, name)))
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         """[rows, in] → [rows, out] bf16 through torch's weight-only kernel (bf16 activations)."""
@@ -161,10 +167,8 @@ class Int4Weight(QuantizedWeight):
         """An [out, in] weight to be filled, every row of it (``write_rows``): only the last tile, where
         rows past ``out_features`` must stay zero, is zeroed now (the rest would be written twice)."""
         tiles = -(-out_features // QUANT_TILE)
-        codes = advise_huge_pages(torch.empty(tiles, in_features * 8, dtype=torch.uint8))
-        scale, minimum = (
-            advise_huge_pages(torch.empty(tiles, in_features // 2, dtype=torch.float16)) for _ in range(2)
-        )
+        codes = torch.empty(tiles, in_features * 8, dtype=torch.uint8)
+        scale, minimum = (torch.empty(tiles, in_features // 2, dtype=torch.float16) for _ in range(2))
         for buffer in (codes, scale, minimum):
             buffer[-1:].zero_()
         return cls(codes, scale, minimum, out_features)
@@ -340,7 +344,7 @@ class Int8Weight(QuantizedWeight):
     def empty(cls, out_features: int, in_features: int) -> Int8Weight:
         """An [out, in] weight of zeros, to be filled."""
         tiles, padded_in = -(-out_features // QUANT_TILE), -(-in_features // INT4_GROUP) * INT4_GROUP
-        codes = advise_huge_pages(torch.empty(tiles, QUANT_TILE * padded_in, dtype=torch.int8)).zero_()
+        codes = torch.zeros(tiles, QUANT_TILE * padded_in, dtype=torch.int8)
         return cls(codes, torch.zeros(tiles * QUANT_TILE), out_features, in_features)  # a row's scale: 4 bytes
 
     @classmethod

@@ -12,6 +12,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from minisgl.heap import HugePageArena
 from minisgl.kernels.native import CpuKernels
 from minisgl.layers.linear import Linear, Partition, pack_weights
 from minisgl.layers.quant import QuantizedWeight
@@ -183,7 +184,9 @@ def load_model(
             else SafetensorsCheckpoint(folder, stack)
         )
         gguf = checkpoint.gguf if quantization == "auto" else None  # int4 / int8 round the dense values
-        plan, summary = plan_quantization(specs, quantization, partial(_read_dense, checkpoint), gguf)
+        # The C kernels stream the weights' own buffers each decode step: from huge pages (minisgl.heap).
+        arena = HugePageArena() if device.type == "cpu" and kernels is not None else None
+        plan, summary = plan_quantization(specs, quantization, partial(_read_dense, checkpoint), gguf, arena)
         release_dense(specs, plan)
         _load_weights(model, checkpoint, {s for spec in specs if spec.name in plan for s in spec.sources})
     shard = "" if tp is None else f" (tensor-parallel rank {tp.rank} of {tp.size})"
@@ -198,13 +201,14 @@ def load_model(
 
 def memory_bytes(model: nn.Module) -> dict[str, int]:
     """What the loaded model holds, in bytes: ``weights`` (every parameter and buffer, quantized
-    codes and scales included, a tied tensor once) and the many-row products' ``dequant_buffer``."""
-    storages: dict[int, int] = {}
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if tensor.is_mkldnn:  # oneDNN's packed copy has no storage to share
-            storages[id(tensor)] = tensor.numel() * tensor.element_size()
-        else:
-            storage = tensor.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
+    codes and scales included; memory that several tensors share, as a tied one or the views of the
+    quantized weights' common buffer, once) and the many-row products' ``dequant_buffer``."""
+    tensors = [*model.parameters(), *model.buffers()]
+    packed = {id(t): t.numel() * t.element_size() for t in tensors if t.is_mkldnn}  # oneDNN's copies: no storage
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors if not t.is_mkldnn)
+    weights, end = sum(packed.values()), 0
+    for start, stop in spans:  # their union
+        weights += max(0, stop - max(start, end))
+        end = max(end, stop)
     buffers = {id(m.buffer): m.buffer.nbytes for m in model.modules() if isinstance(m, QuantizedWeight) and m.buffer}
-    return {"weights": sum(storages.values()), "dequant_buffer": sum(buffers.values())}
+    return {"weights": weights, "dequant_buffer": sum(buffers.values())}

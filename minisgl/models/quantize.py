@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minisgl.heap import HugePageArena
 from minisgl.layers.embedding import VocabEmbedding
 from minisgl.layers.linear import Linear, Partition
 from minisgl.layers.quant import (
@@ -66,11 +67,14 @@ class Choice:
 
 
 def plan_quantization(
-    specs: list[WeightSpec], mode: str, read_dense: DenseReader, gguf: GGUFTensors | None
-) -> tuple[dict[str, QuantizedWeight], str]:
+    specs: list[WeightSpec], mode: str, read_dense: DenseReader, gguf: GGUFTensors | None,
+    arena: HugePageArena | None = None,
+) -> tuple[dict[str, QuantizedWeight], str]:  # fmt: skip
     """The quantized weight of each spec that gets one (by module name; specs with the same sources
     share one), and a summary counting what runs in what. Raises ``ValueError`` if the mode cannot
-    take a layer's weight."""
+    take a layer's weight. With an ``arena``, each weight moves into it as soon as it is built (the
+    C kernels stream the weights from huge pages), so that memory holds the old buffers of one weight
+    at most."""
     check_mode(mode)
     if mode == "none" or (mode == "auto" and gguf is None):
         return {}, "dense weights"
@@ -86,6 +90,8 @@ def plan_quantization(
             choice = Choice(None, "dense (embedding)")
         else:
             choice = _choose_rtn(spec, read_dense, mode)
+        if arena is not None and choice.weight is not None and spec.sources not in built:
+            choice.weight.move_into(arena)
         built[spec.sources] = choice
         reasons[choice.reason] += 1
         if choice.weight is not None:
