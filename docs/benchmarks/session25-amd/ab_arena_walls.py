@@ -1,0 +1,55 @@
+# One process, two engines on the same model, alternating: the quantized weights as session 24 loaded
+# them (each buffer of 4 MiB or more advised MADV_HUGEPAGE on its own) and moved into a huge-page arena
+# as they are built (minisgl.heap.HugePageArena, the loader's). The paired benchmark's random workload,
+# offline: 16 random 256-token prompts, 32 tokens each; its wall per round.
+import ctypes, mmap, sys, time, random, statistics
+import torch
+import minisgl.models.loader as loader
+from minisgl import LLM, SamplingParams
+from minisgl.layers.quant import QUANT_TILE, INT4_GROUP, Int4Weight, Int8Weight
+from benchmarks.scale_model import resolve_scale_model
+
+libc = ctypes.CDLL("libc.so.6")
+def advise(t):  # session 24's minisgl.heap.advise_huge_pages
+    n = t.numel() * t.element_size()
+    if n >= 4 << 20:
+        start = t.data_ptr() // 4096 * 4096
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(t.data_ptr() + n - start), mmap.MADV_HUGEPAGE)
+    return t
+def empty4(cls, out_features, in_features):  # session 24's Int4Weight.empty
+    tiles = -(-out_features // QUANT_TILE)
+    codes = advise(torch.empty(tiles, in_features * 8, dtype=torch.uint8))
+    scale, minimum = (advise(torch.empty(tiles, in_features // 2, dtype=torch.float16)) for _ in range(2))
+    for b in (codes, scale, minimum): b[-1:].zero_()
+    return cls(codes, scale, minimum, out_features)
+def empty8(cls, out_features, in_features):  # session 24's Int8Weight.empty
+    tiles, padded_in = -(-out_features // QUANT_TILE), -(-in_features // INT4_GROUP) * INT4_GROUP
+    codes = advise(torch.empty(tiles, QUANT_TILE * padded_in, dtype=torch.int8)).zero_()
+    return cls(codes, torch.zeros(tiles * QUANT_TILE), out_features, in_features)
+
+model = sys.argv[1]
+kwargs = dict(speculative_algorithm="none")
+def load():
+    return LLM(**kwargs) if model == "default" else LLM(resolve_scale_model(model), **kwargs)
+arena, e4, e8 = loader.HugePageArena, Int4Weight.__dict__["empty"], Int8Weight.__dict__["empty"]
+loader.HugePageArena, Int4Weight.empty, Int8Weight.empty = lambda: None, classmethod(empty4), classmethod(empty8)
+engines = {"per buffer": load()}
+loader.HugePageArena, Int4Weight.empty, Int8Weight.empty = arena, e4, e8
+engines["arena"] = load()
+print("AnonHugePages of the process:", [l.split()[1] for l in open("/proc/self/smaps_rollup") if "AnonHuge" in l][0], "kB")
+rng = random.Random(0)
+def prompts():
+    return [[rng.randrange(1000, 40000) for _ in range(256)] for _ in range(16)]
+def run(llm):
+    llm.flush_cache(); t = time.perf_counter()
+    llm.generate(prompts(), SamplingParams(max_tokens=32, ignore_eos=True), use_tqdm=False)
+    return (time.perf_counter() - t,)
+for llm in engines.values():
+    run(llm)
+results = {name: [] for name in engines}
+for r in range(int(sys.argv[2])):
+    for name in list(engines) if r % 2 == 0 else list(engines)[::-1]:
+        results[name].append(run(engines[name]))
+        print(f"round {r + 1} {name:10s} wall {results[name][-1][0]:.2f} s", flush=True)
+ratios = [n[0] / b[0] for b, n in zip(results["per buffer"], results["arena"])]
+print(f"random workload wall: arena over per buffer, per round {' '.join(f'{x:.2f}' for x in ratios)}, median {statistics.median(ratios):.2f}")
