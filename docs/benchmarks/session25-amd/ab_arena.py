@@ -1,8 +1,10 @@
 # One process, two engines on the same model, alternating: the quantized weights as session 24 loaded
 # them (each buffer of 4 MiB or more advised MADV_HUGEPAGE on its own) and moved into a huge-page arena
-# as they are built (minisgl.heap.HugePageArena, the loader's). One user's decode (128 tokens after a 64-token prompt),
-# 16 users' (16 random 64-token prompts, 32 tokens each, their prefill's time taken out), and the
-# prefill of those 16 prompts.
+# as they are built (minisgl.heap.HugePageArena, the loader's).
+# python ab_arena.py MODEL ROUNDS: one user's decode (128 tokens after a 64-token prompt), 16 users' (16
+# random 64-token prompts, 32 tokens each, their prefill's time taken out), and the prefill of those 16 prompts.
+# python ab_arena.py MODEL ROUNDS walls: the paired benchmark's random workload, offline (16 random 256-token
+# prompts, 32 tokens each): its wall.
 import ctypes, mmap, sys, time, random, statistics
 import torch
 import minisgl.models.loader as loader
@@ -51,11 +53,23 @@ def run(llm):
 for llm in engines.values():
     llm.generate([one], SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
 results = {name: [] for name in engines}
-for r in range(int(sys.argv[2]) if len(sys.argv) > 2 else 4):
+walls = sys.argv[3:] == ["walls"]
+def wall(llm):
+    llm.flush_cache(); t = time.perf_counter()
+    prompts = [[rng.randrange(1000, 40000) for _ in range(256)] for _ in range(16)]
+    llm.generate(prompts, SamplingParams(max_tokens=32, ignore_eos=True), use_tqdm=False)
+    return (time.perf_counter() - t,)
+if walls:
+    for llm in engines.values():
+        wall(llm)
+for r in range(int(sys.argv[2])):
     for name in list(engines) if r % 2 == 0 else list(engines)[::-1]:
-        results[name].append(run(engines[name]))
-        s, m, p = results[name][-1]
-        print(f"round {r + 1} {name:10s} one user {s:.1f} tok/s, 16 users {m:.1f} tok/s, prefill {p:.0f} tok/s", flush=True)
-for i, what in enumerate(("one user", "16 users", "prefill")):
+        results[name].append(wall(engines[name]) if walls else run(engines[name]))
+        if walls:
+            print(f"round {r + 1} {name:10s} wall {results[name][-1][0]:.2f} s", flush=True)
+        else:
+            s, m, p = results[name][-1]
+            print(f"round {r + 1} {name:10s} one user {s:.1f} tok/s, 16 users {m:.1f} tok/s, prefill {p:.0f} tok/s", flush=True)
+for i, what in enumerate(["random workload wall"] if walls else ["one user", "16 users", "prefill"]):
     ratios = [n[i] / b[i] for b, n in zip(results["per buffer"], results["arena"])]
     print(f"{what}: arena over per buffer, per round {' '.join(f'{x:.2f}' for x in ratios)}, median {statistics.median(ratios):.2f}")
