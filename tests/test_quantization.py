@@ -22,13 +22,7 @@ from minisgl.heap import HugePageArena
 from minisgl.kernels.native import resolve_kernels
 from minisgl.kernels.variants import VARIANTS, cpu_flags, host_variants
 from minisgl.layers.linear import Linear
-from minisgl.layers.quant import (
-    INT4_GROUP,
-    DequantBuffer,
-    Int4Weight,
-    Int8Weight,
-    QuantizedWeight,
-)
+from minisgl.layers.quant import INT4_GROUP, DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
 from minisgl.models.gguf import default_model_path
 from minisgl.models.gguf_tensors import INT4_EXACT, GGUFTensors, int4_from_blocks
 from minisgl.models.loader import memory_bytes
