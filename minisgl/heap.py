@@ -12,8 +12,8 @@ A decode step streams every quantized weight once, and a weight on 4 KiB pages s
 Linux's 2 MiB transparent huge pages (one TLB entry covers 512 of the small ones): ``huge_page_buffer``
 is memory that takes those on first write where the system gives them on request
 (``/sys/kernel/mm/transparent_hugepage/enabled``: ``madvise``, a common default, or ``always``). Only
-whole, aligned 2 MiB ranges of a mapping get one, so the loader moves every quantized weight into a
-``HugePageArena``, one after another as they are built: a small model's weights, each under 2 MiB,
+whole, aligned 2 MiB ranges of a mapping get one, so the loader moves every quantized weight the C kernels
+run into a ``HugePageArena``, one after another as they are built: a small model's weights, each under 2 MiB,
 would get none on their own.
 """
 

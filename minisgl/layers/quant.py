@@ -345,7 +345,7 @@ class Int8Weight(QuantizedWeight):
         """An [out, in] weight of zeros, to be filled."""
         tiles, padded_in = -(-out_features // QUANT_TILE), -(-in_features // INT4_GROUP) * INT4_GROUP
         codes = torch.zeros(tiles, QUANT_TILE * padded_in, dtype=torch.int8)
-        return cls(codes, torch.zeros(tiles * QUANT_TILE), out_features, in_features)  # a row's scale: 4 bytes
+        return cls(codes, torch.zeros(tiles * QUANT_TILE), out_features, in_features)
 
     @classmethod
     def quantize(cls, w: torch.Tensor) -> Int8Weight:

@@ -84,19 +84,24 @@ def plan_quantization(
     for spec in specs:
         if spec.sources in built:  # an embedding tied to the LM head
             choice = Choice(built[spec.sources].weight, "embedding tied to the LM head")
-        elif gguf is not None:
-            choice = _choose_auto(spec, read_dense, gguf)
-        elif spec.is_embedding:
-            choice = Choice(None, "dense (embedding)")
         else:
-            choice = _choose_rtn(spec, read_dense, mode)
-        if arena is not None and choice.weight is not None and spec.sources not in built:
-            choice.weight.move_into(arena)
+            choice = _choose(spec, mode, read_dense, gguf)
+            if arena is not None and choice.weight is not None:
+                choice.weight.move_into(arena)
         built[spec.sources] = choice
         reasons[choice.reason] += 1
         if choice.weight is not None:
             plan[spec.name] = choice.weight
     return plan, "; ".join(f"{n} x {reason}" for reason, n in reasons.items())
+
+
+def _choose(spec: WeightSpec, mode: str, read_dense: DenseReader, gguf: GGUFTensors | None) -> Choice:
+    """The weight built for a spec no earlier one shares its sources with."""
+    if gguf is not None:
+        return _choose_auto(spec, read_dense, gguf)
+    if spec.is_embedding:
+        return Choice(None, "dense (embedding)")
+    return _choose_rtn(spec, read_dense, mode)
 
 
 def _choose_rtn(spec: WeightSpec, read_dense: DenseReader, mode: str) -> Choice:
