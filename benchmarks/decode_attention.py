@@ -1,10 +1,12 @@
 """Decode attention read in place from a bf16 KV pool (``kernels/cpu/paged_attention.c``) against this
 machine's memory: each request's K and V rows read by the kernel, and a plain sum over the same rows.
 
-Each case is B requests x L keys (distinct keys, in slot order, as a prompt's prefill leaves them),
-over as many layers' pools as make POOL_BYTES, read in turn, so that each pass reads memory, not a cache;
-*GB/s* is the K and V bytes over the time. *of the sum*: the kernel's rate over the sum's, both measured
-in the same round; the median and range of ``--rounds`` rounds, the two alternating.
+Each case is B requests x L keys (in slot order, as a prompt's prefill leaves them), the first S of
+them the same slots for every request where the case shares a prefix (a cached system prompt, read once
+for them all), the rest distinct, over as many layers' pools as make POOL_BYTES, read in turn, so that
+each pass reads memory, not a cache; *GB/s* is the bytes of the distinct K and V rows over the time.
+*of the sum*: the kernel's rate over a plain sum's over those rows, both measured in the same round;
+the median and range of ``--rounds`` rounds, the two alternating.
 
 Run: python -m benchmarks.decode_attention [--kernels auto|c:avx2 ...] [--rounds 5]
 """
@@ -24,14 +26,16 @@ from minisgl.kernels.variants import KERNEL_CHOICES
 
 # All layers' K and V together: four times the 32 MiB L3 of the VMs this project measures on.
 POOL_BYTES = 128 << 20
-# (name, query heads, KV heads, head dim, requests, keys each)
+# (name, query heads, KV heads, head dim, requests, keys each, of them shared by all)
 CASES = [
-    ("135M, one long prompt", 9, 3, 64, 1, 2000),
-    ("135M, 16 requests", 9, 3, 64, 16, 500),
-    ("1.7B, one long prompt", 32, 32, 64, 1, 2000),
-    ("1.7B, 16 requests", 32, 32, 64, 16, 545),
-    ("GQA 8 KV heads x 2, 16 requests", 16, 8, 64, 16, 2000),
-    ("GQA 8 KV heads x 4 of 128, one prompt", 32, 8, 128, 1, 4000),
+    ("135M, one long prompt", 9, 3, 64, 1, 2000, 0),
+    ("135M, 16 requests", 9, 3, 64, 16, 500, 0),
+    ("135M, 32 requests after a shared 512", 9, 3, 64, 32, 560, 512),
+    ("1.7B, one long prompt", 32, 32, 64, 1, 2000, 0),
+    ("1.7B, 16 requests", 32, 32, 64, 16, 545, 0),
+    ("1.7B, 16 requests after a shared 512", 32, 32, 64, 16, 545, 512),
+    ("GQA 8 KV heads x 2, 16 requests", 16, 8, 64, 16, 2000, 0),
+    ("GQA 8 KV heads x 4 of 128, one prompt", 32, 8, 128, 1, 4000, 0),
 ]
 
 
@@ -46,17 +50,19 @@ def best_of(f: Callable[[], object], repeats: int = 5) -> float:
 
 
 def rates(
-    kernels: CpuKernels, heads: int, kv_heads: int, d: int, batch: int, length: int, rounds: int
+    kernels: CpuKernels, heads: int, kv_heads: int, d: int, batch: int, length: int, shared: int, rounds: int
 ) -> list[tuple[float, float]]:
     """(kernel GB/s, sum GB/s) of each round for one case."""
     g = torch.Generator().manual_seed(0)
-    slots = batch * length + batch
+    distinct = shared + batch * (length - shared)  # the rows the requests attend, each counted once
+    slots = distinct + batch
     layers = -(-POOL_BYTES // (2 * slots * kv_heads * d * 2))
     pools = [[torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2)] for _ in range(layers)]
     q = torch.randn(batch, heads, d, generator=g)
     k, v = (torch.randn(batch, kv_heads, d, generator=g) for _ in range(2))
-    out_slots = torch.arange(batch * length, slots)
-    kv_slots = torch.arange(batch * length).view(batch, length)
+    out_slots = torch.arange(distinct, slots)
+    own = shared + torch.arange(batch * (length - shared)).view(batch, length - shared)
+    kv_slots = torch.cat([torch.arange(shared).expand(batch, shared), own], dim=1)
     kv_lens = torch.full((batch,), length)
 
     def attend() -> None:
@@ -65,10 +71,10 @@ def rates(
 
     def read() -> None:
         for k_pool, v_pool in pools:
-            k_pool[: batch * length].sum()
-            v_pool[: batch * length].sum()
+            k_pool[:distinct].sum()
+            v_pool[:distinct].sum()
 
-    gigabytes = 2 * batch * length * kv_heads * d * 2 * layers / 1e9
+    gigabytes = 2 * distinct * kv_heads * d * 2 * layers / 1e9
     return [(gigabytes / best_of(attend), gigabytes / best_of(read)) for _ in range(rounds)]
 
 
@@ -83,8 +89,8 @@ def main() -> None:
     print(f"# load average at start: {load_average()}")
     print("| case | kernel GB/s | sum GB/s | of the sum (median, range) |")
     print("|---|---|---|---|")
-    for name, heads, kv_heads, d, batch, length in CASES:
-        measured = rates(kernels, heads, kv_heads, d, batch, length, args.rounds)
+    for name, heads, kv_heads, d, batch, length, shared in CASES:
+        measured = rates(kernels, heads, kv_heads, d, batch, length, shared, args.rounds)
         shares = [kernel / plain for kernel, plain in measured]
         print(
             f"| {name} ({batch} x {length} keys, {heads}/{kv_heads} heads of {d}) "

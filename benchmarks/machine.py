@@ -7,6 +7,7 @@ import importlib.metadata
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -153,8 +154,28 @@ class OtherLoad:
         t = os.times()  # children: processes this run started and has already waited for
         return busy, t.user + t.system + t.children_user + t.children_system + server
 
-    def core_seconds(self) -> float | None:
+    def used_s(self) -> float | None:
+        """Others' CPU seconds since this was made."""
         end = self._sample()
         if self._start is None or end is None:
             return None
-        return round(max(0.0, (end[0] - self._start[0]) - (end[1] - self._start[1])), 1)
+        return max(0.0, (end[0] - self._start[0]) - (end[1] - self._start[1]))
+
+    def core_seconds(self) -> float | None:
+        used = self.used_s()
+        return None if used is None else round(used, 1)
+
+
+def wait_for_quiet(longest_s: float = 10.0, window_s: float = 0.25, busy_cores: float = 0.05) -> float:
+    """Wait until processes other than this one use under ``busy_cores`` cores over a ``window_s``
+    window (``longest_s`` at most), and give the seconds waited. A server that has just finished a
+    run may keep its threads spinning for a second or so (vLLM's worker does): without this wait,
+    that time falls on whatever runs next. Returns at once where /proc/stat cannot be read."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < longest_s:
+        load = OtherLoad()
+        time.sleep(window_s)
+        used = load.used_s()
+        if used is None or used < busy_cores * window_s:
+            break
+    return time.perf_counter() - start

@@ -6,7 +6,9 @@ would lose by the drift alone). Caches are emptied before every run.
 
 Per round, each configuration's speed against the first's on the same workload is the first's wall time
 over its own (above 1: faster; the same requests and output lengths, so it is also the ratio of output
-tok/s). The summary gives the median of those per-round ratios and their range. ``others' CPU``: what
+tok/s). The summary gives the median of those per-round ratios and their range. Each run starts once
+the other processes have been quiet for a moment (``wait_for_quiet``: vLLM's worker spins for about a
+second after its run, which would otherwise fall on the next system's). ``others' CPU``: what
 processes besides the measured server (or this one, offline) used during its runs, the idle servers
 included.
 
@@ -46,7 +48,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from benchmarks.cli import add_peer_arguments, add_size_arguments, comma_names, sizes_of
 from benchmarks.dense_folder import dense_folder
-from benchmarks.machine import OtherLoad, load_average, machine_info, usable_cores
+from benchmarks.machine import OtherLoad, load_average, machine_info, usable_cores, wait_for_quiet
 from benchmarks.offline import run_offline, warm_up
 from benchmarks.online import run_online
 from benchmarks.online_systems import minisgl_variant, minisgl_with_flags, parse_serve, peer_systems
@@ -140,6 +142,7 @@ Runner = Callable[[Workload], tuple[float, float | None]]
 
 def offline_runner(system: OfflineSystem, tokenizer: PreTrainedTokenizerBase) -> Runner:
     def run(workload: Workload) -> tuple[float, float | None]:
+        wait_for_quiet()
         load = OtherLoad()
         return run_offline(system, workload, tokenizer).duration_s, load.core_seconds()
 
@@ -149,6 +152,7 @@ def offline_runner(system: OfflineSystem, tokenizer: PreTrainedTokenizerBase) ->
 def online_runner(server: OnlineSystem, tokenizer: PreTrainedTokenizerBase, seed: int) -> Runner:
     def run(workload: Workload) -> tuple[float, float | None]:
         url = server.fresh()
+        wait_for_quiet()
         load = OtherLoad(server.pid)
         return run_online(server, url, workload, tokenizer, seed=seed).duration_s, load.core_seconds()
 

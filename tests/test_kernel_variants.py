@@ -236,6 +236,50 @@ def test_paged_attention_of_a_request_is_the_same_alone_as_in_a_batch(
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("heads, kv_heads, d", [(32, 32, 64), (16, 8, 128), (9, 3, 64), (4, 4, 64)])
+def test_paged_attention_of_requests_sharing_a_prefix_is_each_one_s_alone(
+    kernels: CpuKernels, heads: int, kv_heads: int, d: int
+) -> None:
+    """Requests whose keys begin with the same slots (a cached system prompt) have the whole chunks of
+    that run attended once for all of them: each request's output must still be the same bits as
+    alone, and match the reference. Two groups (three requests after 1,024 shared slots, two after
+    600) and a request of its own; at every shape these lengths give every group's members chunks
+    of one size, several of them whole inside the shared run."""
+    g = torch.Generator().manual_seed(d + heads)
+    slots = 8192
+    k_pool, v_pool = (torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2))
+    free = torch.randperm(slots - 8, generator=g)
+    system, chat, rest = free[:1024], free[1024:1624], free[1624:]
+    lens = [1100, 700, 1500, 300, 2000, 650]
+    prefixes = [system, chat, system, None, system, chat]
+    rows, used = [], 0
+    for n, prefix in zip(lens, prefixes):
+        own = n - (0 if prefix is None else len(prefix))
+        row = rest[used : used + own] if prefix is None else torch.cat([prefix, rest[used : used + own]])
+        rows.append(F.pad(row, (0, 2000 - n)))
+        used += own
+    kv_slots = torch.stack(rows)
+    out_slots = torch.arange(slots - len(lens), slots)
+    kv_slots[torch.arange(len(lens)), torch.tensor(lens) - 1] = out_slots
+    q = torch.randn(len(lens), heads, d, generator=g)
+    k, v = (torch.randn(len(lens), kv_heads, d, generator=g) for _ in range(2))
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            pools = k_pool.clone(), v_pool.clone()
+            batch = kernels.paged_decode_attention(q, k, v, out_slots, *pools, kv_slots, torch.tensor(lens))
+            for b, n in enumerate(lens):
+                rows_b = slice(b, b + 1)
+                args = (q[rows_b], k[rows_b], v[rows_b], out_slots[rows_b], *pools, kv_slots[rows_b], torch.tensor([n]))
+                assert torch.equal(kernels.paged_decode_attention(*args), batch[rows_b]), (t, b)
+                keys, values = pools[0][kv_slots[b, :n]], pools[1][kv_slots[b, :n]]
+                expected = softmax_attention(q[b], keys.float(), values.float())
+                assert relative_error(batch[b], expected) < REFERENCE_TOLERANCE, (t, b)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_paged_attention_of_an_empty_batch_is_empty(kernels: CpuKernels) -> None:
     """No requests, no tasks: an empty output, and the pool untouched."""
     k_pool, v_pool = torch.randn(8, 2, 16), torch.randn(8, 2, 16)

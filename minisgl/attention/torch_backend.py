@@ -162,7 +162,7 @@ class TorchAttentionBackend(AttentionBackend):
         kv_lens = batch.kv_lens.to(device)
         slot_rows = kv.table[batch.table_rows.to(device), : int(kv_lens.max())]
         # A window reads only each request's last ``window`` keys, and no shared runs (a shared
-        # prefix may lie partly outside it). Keys read in place need no shared runs either.
+        # prefix may lie partly outside it). Keys read in place: the kernel finds the shared runs.
         paged = self._paged_kernels
         groups = shared_groups(slot_rows, kv_lens) if window is None and paged is None else []
         starts = torch.zeros_like(kv_lens) if window is None else (kv_lens - window).clamp(min=0)

@@ -19,8 +19,15 @@
 // (prefetcht1), not L1. Read rate per shape against a plain sum over the same rows:
 // python -m benchmarks.decode_attention (docs/benchmarks/session20-amd/decode_attention.md).
 //
-// Threads: the tasks (a chunk of a request's keys, or some of its KV heads where the chunks are too few
-// for the threads: head_blocks) are split over `threads` OpenMP threads, the requests inner.
+// Requests whose keys begin with the same slots (a prefix the radix cache holds once: a system prompt,
+// a conversation's history) form a group, and each whole chunk inside the run they all share is one
+// task for the group: its rows read once and dotted with every member's query heads, instead of read
+// and dotted once per member. A member's chunks are the ones it would have alone, each row's sums in
+// the same order, so its output is the same bits alone as in its group.
+//
+// Threads: the tasks (a chunk of a request's keys or of a group's shared run, or some of its KV heads
+// where the chunks are too few for the threads: head_blocks) are split over `threads` OpenMP threads,
+// the requests inner.
 
 #include <math.h>
 #include <stdint.h>
@@ -284,6 +291,61 @@ static void store_kv(void *pool, int64_t at, const float *x, int64_t count, int 
     for (int64_t i = 0; i < count; i += WIDTH) store_bf16((uint16_t *)pool + at + i, vec_load(x + i));
 }
 
+// A request's chunking, and its group: requests whose keys begin with the same slots (a prefix the
+// radix cache holds once, such as a system prompt) and that cut them into chunks of the same size.
+typedef struct {
+    int64_t keys, parts;  // chunk_keys and chunk_count of its keys
+    int64_t leader;       // its group's first request (itself if it leads one, or is alone)
+    int64_t member;       // its place in that group, 0 for the first
+    int64_t width;        // a group's first: its members (1 alone)
+    int64_t shared;       // a group's first: the whole chunks every member has in the run they share
+    int64_t queries;      // a group's first, where shared > 0: its first row of the gathered queries
+} Request;
+
+// A unit of work before the split by KV heads: chunk `part` of a request's keys, for its own query
+// heads (width 1), or for those of all `width` members of the group it leads, which share that chunk.
+typedef struct {
+    int64_t request, part, width;
+    int64_t row0;  // its first task's first row of partial sums (a task has per_task x width x group)
+} Unit;
+
+static int64_t common_run(const int64_t *a, const int64_t *b, int64_t n) {
+    int64_t j = 0;
+    while (j < n && a[j] == b[j]) j++;
+    return j;
+}
+
+// The groups among the requests (each req[b] holding its chunking). A shared chunk ends before every
+// member's last key, so that each member keeps a chunk of its own, through which its chunks are merged.
+static void find_groups(Request *req, const int64_t *kv_slots, int64_t stride, const int64_t *kv_lens,
+                        int64_t batch) {
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t *row = kv_slots + b * stride;
+        for (int64_t lead = 0; lead < b && kv_lens[b] > 1; lead++) {
+            Request *first = &req[lead];
+            if (first->leader != lead || kv_lens[lead] < 2 || first->keys != req[b].keys ||
+                kv_slots[lead * stride] != row[0])
+                continue;
+            const int64_t shortest = kv_lens[b] < kv_lens[lead] ? kv_lens[b] : kv_lens[lead];
+            const int64_t run = common_run(kv_slots + lead * stride, row, shortest - 1);
+            req[b].leader = lead, req[b].member = first->width++;
+            first->shared = first->width == 2 || run < first->shared ? run : first->shared;  // keys, for now
+            break;
+        }
+    }
+    for (int64_t b = 0; b < batch; b++)
+        if (req[b].leader == b) req[b].shared = req[b].width > 1 ? req[b].shared / req[b].keys : 0;
+}
+
+// The partial-sum row of query head h * group + a of request b in its chunk c: in a shared chunk, the
+// member's place among its group's rows.
+static int64_t chunk_row(const Request *req, const Unit *unit, const int64_t *chunk_unit, int64_t most, int64_t b,
+                         int64_t c, int64_t h, int64_t a, int64_t group) {
+    const int64_t lead = req[b].leader, shared = c < req[lead].shared;
+    const Unit *u = &unit[chunk_unit[(shared ? lead : b) * most + c]];
+    return u->row0 + (h * u->width + (shared ? req[b].member : 0)) * group + a;  // its tasks' rows, head after head
+}
+
 int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,
                            void *v_pool, int64_t slots, int kv_bf16, const int64_t *kv_slots, int64_t stride,
                            const int64_t *kv_lens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t d,
@@ -296,92 +358,127 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
         store_kv(v_pool, out_slots[b] * row, v + b * row, row, kv_bf16);
     }
     const int64_t row_bytes = row * (kv_bf16 ? 2 : 4);
-    // Chunk tasks: chunk p of request b, chunk outer (requests that share a prefix read the same rows close
-    // together in time). Where a request has several chunks, each task leaves its query heads'
-    // unnormalised sums, largest score and total, merged after.
-    int64_t most = 0, chunk_tasks = 0, widest = KEYS;
+    static _Thread_local Scratch plan;  // the calling thread's, for its next call
+    Request *req = scratch_reserve(&plan, sizeof(Request) * (size_t)(batch + 1));
+    if (req == NULL) return KERNELS_NO_MEMORY;
+    int64_t most = 0, all_parts = 0, widest = KEYS;
     for (int64_t b = 0; b < batch; b++) {
         const int64_t keys = chunk_keys(kv_lens[b], row_bytes), parts = chunk_count(kv_lens[b], keys);
+        req[b] = (Request){keys, parts, b, 0, 1, 0, 0};
         most = parts > most ? parts : most;
         widest = keys > widest ? keys : widest;
-        chunk_tasks += parts;
+        all_parts += parts;
     }
-    const int64_t blocks = head_blocks(kv_heads, chunk_tasks, threads), tasks = chunk_tasks * blocks;
-    const int64_t per_task = kv_heads / blocks, rows_per_task = per_task * group;  // KV heads, query heads
-    static _Thread_local Scratch shared;  // the calling thread's, for its next call
-    const size_t floats = (size_t)(tasks * rows_per_task * (d + 2));
-    const size_t indices = (size_t)(2 * chunk_tasks + batch * most + 1);
-    float *partial = scratch_reserve(&shared, sizeof(float) * floats + sizeof(int64_t) * indices);
-    if (partial == NULL) return KERNELS_NO_MEMORY;
-    float *tops = partial + tasks * rows_per_task * d, *totals = tops + tasks * rows_per_task;
-    int64_t *task_request = (int64_t *)(totals + tasks * rows_per_task), *task_part = task_request + chunk_tasks;
-    int64_t *task_at = task_part + chunk_tasks;  // [batch, most]: the chunk task of chunk p of request b
-    for (int64_t p = 0, t = 0; p < most; p++)
-        for (int64_t b = 0; b < batch; b++)
-            if (p < chunk_count(kv_lens[b], chunk_keys(kv_lens[b], row_bytes))) {
-                task_request[t] = b, task_part[t] = p, task_at[b * most + p] = t;
-                t++;
+    find_groups(req, kv_slots, stride, kv_lens, batch);
+    // The units, chunk outer (requests that share rows read them close together in time), and
+    // chunk_unit[b * most + p]: the unit of chunk p of request b (its group's, for a shared chunk).
+    static _Thread_local Scratch units_scratch;
+    Unit *unit = scratch_reserve(&units_scratch, sizeof(Unit) * (size_t)(all_parts + 1) +
+                                                     sizeof(int64_t) * (size_t)(batch * most + 1));
+    if (unit == NULL) return KERNELS_NO_MEMORY;
+    int64_t *chunk_unit = (int64_t *)(unit + all_parts + 1);
+    int64_t units = 0, max_width = 1, gathered = 0;  // gathered: the query rows of the groups' units
+    for (int64_t p = 0; p < most; p++)
+        for (int64_t b = 0; b < batch; b++) {
+            const Request *first = &req[req[b].leader];
+            if (req[b].leader == b && p < first->shared) {
+                unit[units] = (Unit){b, p, first->width, 0};
+                max_width = first->width > max_width ? first->width : max_width;
+                if (p == 0) req[b].queries = gathered, gathered += first->width * heads;
+            } else if (p >= first->shared && p < req[b].parts) {
+                unit[units] = (Unit){b, p, 1, 0};
+            } else {
+                continue;
             }
+            chunk_unit[b * most + p] = units++;
+        }
+    const int64_t blocks = head_blocks(kv_heads, units, threads), tasks = units * blocks;
+    const int64_t per_task = kv_heads / blocks;  // KV heads a task
+    int64_t total_rows = 0;
+    for (int64_t u = 0; u < units; u++) {
+        unit[u].row0 = total_rows;
+        total_rows += blocks * per_task * unit[u].width * group;
+    }
+    // Each task row's unnormalised sums, largest score and total; then the groups' queries, each group's
+    // as [kv_heads, width, group, d], so that a task's query rows lie in one run as a request's do.
+    static _Thread_local Scratch partial_scratch;
+    float *partial =
+        scratch_reserve(&partial_scratch, sizeof(float) * (size_t)(total_rows * (d + 2) + gathered * d + 1));
+    if (partial == NULL) return KERNELS_NO_MEMORY;
+    float *tops = partial + total_rows * d, *totals = tops + total_rows, *group_queries = totals + total_rows;
+    for (int64_t b = 0; b < batch; b++) {
+        const Request *first = &req[req[b].leader];
+        if (first->shared == 0) continue;
+        float *rows = group_queries + first->queries * d;
+        for (int64_t h = 0; h < kv_heads; h++)
+            memcpy(rows + (h * first->width + req[b].member) * group * d, q + (b * heads + h * group) * d,
+                   sizeof(float) * (size_t)(group * d));
+    }
+    const int64_t max_task_rows = per_task * max_width * group;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        // Each thread's scores ([query heads of a task, widest]) and row offsets ([widest]), kept for its
-        // next call.
+        // Each thread's scores ([rows of a task, widest]) and row offsets ([widest]), kept for its next call.
         static _Thread_local Scratch scratch;
         float *scores =
-            scratch_reserve(&scratch, (sizeof(float) * (size_t)rows_per_task + sizeof(int64_t)) * (size_t)widest);
+            scratch_reserve(&scratch, (sizeof(float) * (size_t)max_task_rows + sizeof(int64_t)) * (size_t)widest);
         if (scores == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
-        int64_t *rows = (int64_t *)(scores + rows_per_task * widest);
+        int64_t *rows = (int64_t *)(scores + max_task_rows * widest);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; t++) {
             if (scores == NULL) continue;
-            const int64_t b = task_request[t / blocks], ck = chunk_keys(kv_lens[b], row_bytes);
-            const int64_t start = task_part[t / blocks] * ck, first = t % blocks * per_task;  // its first KV head
+            const Unit *u = &unit[t / blocks];
+            const int64_t b = u->request, ck = req[b].keys, start = u->part * ck;
             const int64_t n = kv_lens[b] - start < ck ? kv_lens[b] - start : ck;
             const int64_t keys = (n + KEYS - 1) / KEYS * KEYS;  // a last partial block dots the chunk's key 0 again
+            const int64_t first = t % blocks * per_task;         // its first KV head
+            const int64_t rows_per_head = u->width * group, task_rows = per_task * rows_per_head;
             const int64_t *slots = kv_slots + b * stride + start;
-            const float *qt = q + (b * heads + first * group) * d;
-            float *sums = partial + t * rows_per_task * d, *top = tops + t * rows_per_task;
-            float *total = totals + t * rows_per_task;
+            const float *qt = u->width > 1 ? group_queries + (req[b].queries + first * rows_per_head) * d
+                                           : q + (b * heads + first * group) * d;
+            const int64_t at = u->row0 + t % blocks * task_rows;
+            float *sums = partial + at * d, *top = tops + at, *total = totals + at;
             for (int64_t j = 0; j < keys; j++) rows[j] = slots[j < n ? j : 0] * row + first * d;
             // Keys: KEYS keys' rows, head after head. The keys AHEAD further are asked for a head at a
             // time, spread over the pass, with their values for the pass over them that follows.
             for (int64_t j = 0; j < keys; j += KEYS) {
                 for (int64_t h = 0; h < per_task; h++) {
-                    for (int64_t u = j + AHEAD; u < j + AHEAD + KEYS && u < n; u++) {
-                        prefetch_kv(k_pool, rows[u] + h * d, d, kv_bf16);
-                        prefetch_kv(v_pool, rows[u] + h * d, d, kv_bf16);
+                    for (int64_t w = j + AHEAD; w < j + AHEAD + KEYS && w < n; w++) {
+                        prefetch_kv(k_pool, rows[w] + h * d, d, kv_bf16);
+                        prefetch_kv(v_pool, rows[w] + h * d, d, kv_bf16);
                     }
-                    for (int64_t g = 0; g < group; g += QUERIES) {
-                        const int64_t nq = group - g < QUERIES ? group - g : QUERIES, r = h * group + g;
+                    for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
+                        const int64_t nq = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
+                        const int64_t r = h * rows_per_head + g;
                         dot_keys_of[nq](qt + r * d, k_pool, rows + j, h * d, d, kv_bf16, scale, scores + r * ck + j,
                                         ck);
                     }
                 }
             }
-            for (int64_t r = 0; r < rows_per_task; r++) {
+            for (int64_t r = 0; r < task_rows; r++) {
                 top[r] = largest(scores + r * ck, n);
                 total[r] = exponentiate(scores + r * ck, n, top[r]);
             }
             // Values: KEYS keys' rows at a time, CHUNKS vectors of dimensions of every head a pass.
-            memset(sums, 0, sizeof(float) * (size_t)(rows_per_task * d));
+            memset(sums, 0, sizeof(float) * (size_t)(task_rows * d));
             for (int64_t j = 0; j < n; j += KEYS) {
                 const int64_t block = n - j < KEYS ? n - j : KEYS;
                 for (int64_t i = 0; i < d; i += CHUNKS * WIDTH) {
                     const int64_t chunks = (d - i) / WIDTH < CHUNKS ? (d - i) / WIDTH : CHUNKS;
                     if (block == KEYS && chunks == CHUNKS)
-                        add_values_block(scores + j, ck, group, per_task, v_pool, rows + j, i, kv_bf16, d, sums);
+                        add_values_block(scores + j, ck, rows_per_head, per_task, v_pool, rows + j, i, kv_bf16, d,
+                                         sums);
                     else
-                        add_values_tail(block, chunks, scores + j, ck, group, per_task, v_pool, rows + j, i, kv_bf16,
-                                        d, sums);
+                        add_values_tail(block, chunks, scores + j, ck, rows_per_head, per_task, v_pool, rows + j, i,
+                                        kv_bf16, d, sums);
                 }
             }
-            if (start == 0 && n == kv_lens[b]) {  // the request's only chunk: its sums over its totals
+            if (u->width == 1 && req[b].parts == 1) {  // the request's only chunk: its sums over its totals
                 float *o = out + (b * heads + first * group) * d;
-                for (int64_t r = 0; r < rows_per_task; r++) {
+                for (int64_t r = 0; r < task_rows; r++) {
                     const VecF divisor = vec_set1(total[r] > 0.0f ? total[r] : 1.0f);
                     for (int64_t i = 0; i < d; i += WIDTH)
                         vec_store(o + r * d + i, vec_div(vec_load(sums + r * d + i), divisor));
@@ -389,21 +486,21 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
             }
         }
         // The chunks of each request that has several, merged in order: sums and totals rescaled to the
-        // largest score.
+        // largest score. A shared chunk's row for a member is its place among the group's rows.
 #pragma omp for schedule(static)
         for (int64_t br = 0; br < batch * heads; br++) {
-            const int64_t b = br / heads, r = br % heads, block = r / rows_per_task, within = r % rows_per_task;
-            const int64_t chunks = chunk_count(kv_lens[b], chunk_keys(kv_lens[b], row_bytes));
+            const int64_t b = br / heads, r = br % heads, h = r / group, a = r % group;
+            const int64_t chunks = req[b].parts;
             if (chunks < 2) continue;
             float top = -INFINITY, total = 0.0f;
             for (int64_t c = 0; c < chunks; c++) {
-                const float chunk_top = tops[(task_at[b * most + c] * blocks + block) * rows_per_task + within];
-                top = chunk_top > top ? chunk_top : top;
+                const int64_t at = chunk_row(req, unit, chunk_unit, most, b, c, h, a, group);
+                top = tops[at] > top ? tops[at] : top;
             }
             float *o = out + br * d;
             for (int64_t i = 0; i < d; i += WIDTH) vec_store(o + i, vec_zero());
             for (int64_t c = 0; c < chunks; c++) {
-                const int64_t at = (task_at[b * most + c] * blocks + block) * rows_per_task + within;
+                const int64_t at = chunk_row(req, unit, chunk_unit, most, b, c, h, a, group);
                 const float weight = expf(tops[at] - top);
                 total += weight * totals[at];
                 for (int64_t i = 0; i < d; i += WIDTH)

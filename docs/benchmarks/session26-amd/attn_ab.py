@@ -1,0 +1,45 @@
+"""Decode attention, this tree's kernels against those of an earlier commit, two builds in one process,
+alternating (7 rounds, median): ms per decode step's attention over all layers of the model's shape.
+
+Run from the repository root: python docs/benchmarks/session26-amd/attn_ab.py [BASE_COMMIT] (default 9f4cf56,
+session 25's last commit). The avx512 build: an AVX-512 VNNI CPU."""
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from minisgl.kernels import native
+
+base = sys.argv[1] if len(sys.argv) > 1 else "9f4cf56"
+new = native.load_variant("avx512")
+old_src = Path(tempfile.mkdtemp(prefix="attn_ab-"))
+for source in native.SOURCE_DIR.iterdir():
+    path = f"minisgl/kernels/cpu/{source.name}"
+    (old_src / source.name).write_text(subprocess.run(["git", "show", f"{base}:{path}"], capture_output=True, text=True, check=True).stdout)
+native.SOURCE_DIR = old_src
+native.load_variant.cache_clear()
+old = native.load_variant("avx512")
+def case(heads, kv_heads, d, layers, batch, prefix, own):
+    g = torch.Generator().manual_seed(0)
+    length = prefix + own; distinct = prefix + batch * own; slots = distinct + batch
+    pools = [[torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2)] for _ in range(layers)]
+    q = torch.randn(batch, heads, d, generator=g); k = torch.randn(batch, kv_heads, d); v = torch.randn(batch, kv_heads, d)
+    out_slots = torch.arange(distinct, slots)
+    kv_slots = torch.cat([torch.arange(prefix).expand(batch, prefix), prefix + torch.arange(batch * own).view(batch, own)], 1)
+    kv_lens = torch.full((batch,), length)
+    def step(kern):
+        for kp, vp in pools: kern.paged_decode_attention(q, k, v, out_slots, kp, vp, kv_slots, kv_lens)
+    return step
+for name, args in [("1.7B 16 x (512 shared + 33)", (32, 32, 64, 24, 16, 512, 33)), ("135M 32 x (512 shared + 48)", (9, 3, 64, 30, 32, 512, 48)),
+                   ("1.7B 16 x 545 distinct", (32, 32, 64, 24, 16, 0, 545)), ("135M 1 x 2000", (9, 3, 64, 30, 1, 0, 2000))]:
+    step = case(*args); t = {"old": [], "new": []}
+    for r in range(7):
+        for label, kern in (("old", old), ("new", new)) if r % 2 == 0 else (("new", new), ("old", old)):
+            step(kern); s = time.perf_counter(); step(kern); t[label].append(time.perf_counter() - s)
+    o, n = statistics.median(t["old"]) * 1e3, statistics.median(t["new"]) * 1e3
+    print(f"{name}: {base} {o:.1f} ms, this tree {n:.1f} ms, {o/n:.2f}x")
