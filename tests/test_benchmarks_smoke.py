@@ -15,7 +15,7 @@ from gguf_writer import train_bpe, write_gguf
 from tiny_models import VOCAB, build_tiny_model
 from transformers import AutoTokenizer
 
-from benchmarks import paired
+from benchmarks import machine, paired
 from benchmarks.cli import main
 from benchmarks.corpus import PERSONAS
 from benchmarks.hit_rate import best_hit_rate, reusable_tokens
@@ -183,6 +183,24 @@ def test_paired_ratios_alternate_the_order_and_compare_within_a_round() -> None:
 
 
 @pytest.mark.skipif(not server_available(), reason="this checkout has no minisgl/server")
+@pytest.mark.parametrize(
+    "readings, longest_s, waited_s",
+    [([0.25, 0.05, 0.001], 10.0, 0.75), ([None], 10.0, 0.25), ([0.25] * 9, 1.0, 1.0)],
+    ids=["a core, a fifth, then quiet", "nothing to read", "never quiet"],
+)
+def test_the_wait_for_a_quiet_machine_lasts_while_others_keep_a_core_busy(
+    monkeypatch: pytest.MonkeyPatch, readings: list[float | None], longest_s: float, waited_s: float
+) -> None:
+    """The others' CPU seconds in each 0.25 s window, read in turn: the wait ends after the first window
+    under 5% of a core, after the first where nothing can be read, and at ``longest_s`` at the latest."""
+    clock = [0.0]
+    monkeypatch.setattr(machine.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(machine.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    used = iter(readings)
+    monkeypatch.setattr(machine.OtherLoad, "used_s", lambda self: next(used))
+    assert machine.wait_for_quiet(longest_s=longest_s) == pytest.approx(waited_s)
+
+
 def test_paired_runs_offline_and_two_servers_up_at_once_on_a_tiny_model(tmp_path: Path) -> None:
     model = build_tiny_model("llama", tmp_path / "model")
     out = tmp_path / "paired.md"
