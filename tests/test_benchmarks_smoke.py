@@ -182,7 +182,6 @@ def test_paired_ratios_alternate_the_order_and_compare_within_a_round() -> None:
     assert [paired.seconds(x) for x in (12.345, 0.1, 0.0041)] == ["12.35", "0.10", "0.0041"]  # a tiny run is not 0.00
 
 
-@pytest.mark.skipif(not server_available(), reason="this checkout has no minisgl/server")
 @pytest.mark.parametrize(
     "readings, longest_s, waited_s",
     [([0.25, 0.05, 0.001], 10.0, 0.75), ([None], 10.0, 0.25), ([0.25] * 9, 1.0, 1.0)],
@@ -201,6 +200,7 @@ def test_the_wait_for_a_quiet_machine_lasts_while_others_keep_a_core_busy(
     assert machine.wait_for_quiet(longest_s=longest_s) == pytest.approx(waited_s)
 
 
+@pytest.mark.skipif(not server_available(), reason="this checkout has no minisgl/server")
 def test_paired_runs_offline_and_two_servers_up_at_once_on_a_tiny_model(tmp_path: Path) -> None:
     model = build_tiny_model("llama", tmp_path / "model")
     out = tmp_path / "paired.md"

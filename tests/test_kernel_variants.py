@@ -223,17 +223,35 @@ def test_paged_attention_of_a_request_is_the_same_alone_as_in_a_batch(
     kv_slots[torch.arange(len(lens)), torch.tensor(lens) - 1] = out_slots
     q = torch.randn(len(lens), heads, d, generator=g)
     k, v = (torch.randn(len(lens), kv_heads, d, generator=g) for _ in range(2))
-    threads = torch.get_num_threads()
+    each_alone_and_batched(kernels, q, k, v, out_slots, (k_pool, v_pool), kv_slots, lens)
+
+
+def each_alone_and_batched(
+    kernels: CpuKernels,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out_slots: torch.Tensor,
+    pools: tuple[torch.Tensor, torch.Tensor],
+    kv_slots: torch.Tensor,
+    lens: list[int],
+) -> list[torch.Tensor]:
+    """The batch's decode attention with 1 and with 2 threads (fresh copies of the pools each), each
+    request's asserted the same bits as its call alone; the batch's output at each thread count."""
+    threads, outputs = torch.get_num_threads(), []
     try:
         for t in (1, 2):
             torch.set_num_threads(t)
+            k_pool, v_pool = (p.clone() for p in pools)
             batch = kernels.paged_decode_attention(q, k, v, out_slots, k_pool, v_pool, kv_slots, torch.tensor(lens))
             for b, n in enumerate(lens):
                 rows = slice(b, b + 1)
                 args = (q[rows], k[rows], v[rows], out_slots[rows], k_pool, v_pool, kv_slots[rows], torch.tensor([n]))
                 assert torch.equal(kernels.paged_decode_attention(*args), batch[rows]), (t, b)
+            outputs.append(batch)
     finally:
         torch.set_num_threads(threads)
+    return outputs
 
 
 @pytest.mark.parametrize("heads, kv_heads, d", [(32, 32, 64), (16, 8, 128), (9, 3, 64), (4, 4, 64)])
@@ -263,21 +281,13 @@ def test_paged_attention_of_requests_sharing_a_prefix_is_each_one_s_alone(
     kv_slots[torch.arange(len(lens)), torch.tensor(lens) - 1] = out_slots
     q = torch.randn(len(lens), heads, d, generator=g)
     k, v = (torch.randn(len(lens), kv_heads, d, generator=g) for _ in range(2))
-    threads = torch.get_num_threads()
-    try:
-        for t in (1, 2):
-            torch.set_num_threads(t)
-            pools = k_pool.clone(), v_pool.clone()
-            batch = kernels.paged_decode_attention(q, k, v, out_slots, *pools, kv_slots, torch.tensor(lens))
-            for b, n in enumerate(lens):
-                rows_b = slice(b, b + 1)
-                args = (q[rows_b], k[rows_b], v[rows_b], out_slots[rows_b], *pools, kv_slots[rows_b], torch.tensor([n]))
-                assert torch.equal(kernels.paged_decode_attention(*args), batch[rows_b]), (t, b)
-                keys, values = pools[0][kv_slots[b, :n]], pools[1][kv_slots[b, :n]]
-                expected = softmax_attention(q[b], keys.float(), values.float())
-                assert relative_error(batch[b], expected) < REFERENCE_TOLERANCE, (t, b)
-    finally:
-        torch.set_num_threads(threads)
+    stored = k_pool.clone(), v_pool.clone()  # the pools as the kernel leaves them: the new K/V at their slots
+    stored[0][out_slots], stored[1][out_slots] = k.bfloat16(), v.bfloat16()
+    for batch in each_alone_and_batched(kernels, q, k, v, out_slots, (k_pool, v_pool), kv_slots, lens):
+        for b, n in enumerate(lens):
+            keys, values = stored[0][kv_slots[b, :n]], stored[1][kv_slots[b, :n]]
+            expected = softmax_attention(q[b], keys.float(), values.float())
+            assert relative_error(batch[b], expected) < REFERENCE_TOLERANCE, b
 
 
 def test_paged_attention_of_an_empty_batch_is_empty(kernels: CpuKernels) -> None:

@@ -384,7 +384,10 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
             if (req[b].leader == b && p < first->shared) {
                 unit[units] = (Unit){b, p, first->width, 0};
                 max_width = first->width > max_width ? first->width : max_width;
-                if (p == 0) req[b].queries = gathered, gathered += first->width * heads;
+                if (p == 0) {  // the group's query rows, once
+                    req[b].queries = gathered;
+                    gathered += first->width * heads;
+                }
             } else if (p >= first->shared && p < req[b].parts) {
                 unit[units] = (Unit){b, p, 1, 0};
             } else {
