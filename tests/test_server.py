@@ -6,6 +6,7 @@ processes start servers of their own. Greedy outputs are compared with the offli
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -27,6 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from minisgl import LLM, SamplingParams
 from minisgl.sampling import RejectionCode
+from minisgl.server.engine_client import Accepted
+from minisgl.server.protocol import Token
 
 API_KEY = "test-key"
 MODEL = "SmolLM2-135M-Instruct"
@@ -562,6 +565,86 @@ def test_stream_pacer_holds_decode_tokens_for_the_interval_only() -> None:
     every = StreamPacer(0.0, clock=lambda: now[0])
     assert every.add(step((3, 1, None))) and every.take() is not None
     assert every.add(step((3, 2, None)))  # no interval: every step is due
+
+
+class _Routes:
+    """The part of ``EngineClient`` a ``Generation`` talks to: each sample's queue, fed by the test."""
+
+    def __init__(self) -> None:
+        self.routes: dict[int, tuple[asyncio.Queue[Any], int]] = {}
+        self.aborted: list[int] = []
+
+    def new_rid(self) -> int:
+        return len(self.routes)
+
+    def submit(self, rid: int, ids: list[int], params: Any, namespace: Any, queue: Any, index: int) -> None:
+        self.routes[rid] = (queue, index)
+        queue.put_nowait((index, Accepted(rid)))
+
+    def abort(self, rids: list[int]) -> None:
+        self.aborted += rids
+
+    def put(self, rid: int, token: Token) -> None:
+        queue, index = self.routes[rid]
+        queue.put_nowait((index, token))
+
+
+def test_tokens_that_arrive_together_stream_as_one_event_per_sample() -> None:
+    """The tokens of one sample that arrive together become one delta (one SSE event), except a
+    sample's first token, which goes alone; deltas keep each sample's order and text. A failure comes
+    after the deltas of the tokens before it."""
+    from transformers import AutoTokenizer
+
+    from minisgl.models.source import resolve_model_path
+    from minisgl.server.generation import Generation, SampleFailed
+    from minisgl.server.metrics import ServerMetrics
+    from minisgl.server.protocol import StatsSnapshot
+    from minisgl.text.detokenizer import IncrementalDetokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path(None)))
+    a, b = tokenizer.encode(" one two three four five"), tokenizer.encode(" six seven eight nine")
+    reference = [IncrementalDetokenizer(tokenizer, []), IncrementalDetokenizer(tokenizer, [])]
+
+    def text(index: int, *tokens: int, last: bool = False) -> str:
+        pieces = "".join(reference[index].push(t) for t in tokens)
+        return pieces + (reference[index].finish() if last else "")
+
+    async def run() -> list[tuple[int, str, str | None]]:
+        client = _Routes()
+        metrics = ServerMetrics(StatsSnapshot)
+        gen = Generation(client, tokenizer, metrics, [[1], [2]], SamplingParams(max_tokens=5))  # type: ignore[arg-type]
+        await gen.start()
+        deltas = gen.deltas()
+        got: list[tuple[int, str, str | None]] = []
+
+        async def pull(n: int) -> None:
+            for _ in range(n):
+                d = await anext(deltas)
+                got.append((d.sample.index, d.text, d.finish_reason))
+
+        for rid, token in [(0, a[0]), (0, a[1]), (1, b[0]), (0, a[2]), (1, b[1])]:
+            client.put(rid, Token(rid, token, None, 0))
+        await pull(4)
+        client.put(0, Token(0, a[3], None, 0))
+        client.put(0, Token(0, a[4], "length", 0))
+        client.put(1, Token(1, b[2], None, 0))
+        await pull(2)
+        client.put(1, Token(1, b[3], None, 0))
+        client.put(1, Token(1, -1, "error", 0, "the sample's own failure"))
+        await pull(1)
+        with pytest.raises(SampleFailed, match="own failure"):
+            await anext(deltas)
+        return got
+
+    assert asyncio.run(run()) == [
+        (0, text(0, a[0]), None),
+        (0, text(0, a[1], a[2]), None),
+        (1, text(1, b[0]), None),
+        (1, text(1, b[1]), None),
+        (0, text(0, a[3], a[4], last=True), "length"),
+        (1, text(1, b[2]), None),
+        (1, text(1, b[3]), None),
+    ]
 
 
 def test_a_stop_while_the_scheduler_process_starts_exits_0(monkeypatch: pytest.MonkeyPatch) -> None:

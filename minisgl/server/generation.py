@@ -108,29 +108,62 @@ class Generation:
             raise
 
     async def deltas(self) -> AsyncIterator[Delta]:
-        """Text deltas of all samples, interleaved as tokens arrive; raises ``EngineDead`` or
-        ``SampleFailed``."""
+        """Text deltas of all samples as tokens arrive. The tokens of a sample that arrived together (a
+        message of the scheduler's carries a stream interval's worth) make one delta, so that a response
+        writes one event per interval and not one per token: each write wakes the client, and on a small
+        machine that wake takes a core from the model's threads. A sample's first token is a delta of its
+        own, so that the client sees when it came. Raises ``EngineDead`` or ``SampleFailed`` after the
+        deltas of the tokens before the failure."""
         unfinished = sum(s.finish_reason is None for s in self.samples)
         while unfinished:
-            index, event = self._early.popleft() if self._early else await self._queue.get()
-            if isinstance(event, EngineDead):
-                raise event
-            assert isinstance(event, Token), event  # start() consumed every accept/reject
-            sample = self.samples[index]
-            if event.finish_reason == "error":
-                sample.finish_reason = "error"
-                self.metrics.requests.labels("error").inc()
-                raise SampleFailed(event.error or "unknown error")
-            self._record_latency(sample)
-            sample.output_ids.append(event.token_id)
-            sample.cached_tokens = event.cached_tokens
-            text = sample.detok.push(event.token_id)
-            if event.finish_reason is not None:
-                sample.finish_reason = event.finish_reason
-                self.metrics.requests.labels(event.finish_reason).inc()
-                text += sample.detok.finish()
-                unfinished -= 1
-            yield Delta(sample, text, event.finish_reason)
+            if not self._early:
+                self._early.append(await self._queue.get())
+            while not self._queue.empty():
+                self._early.append(self._queue.get_nowait())
+            deltas: list[Delta] = []
+            growing: dict[int, int] = {}  # sample index -> its delta that later tokens extend
+            failure: EngineDead | SampleFailed | None = None
+            while self._early and failure is None:
+                index, event = self._early.popleft()
+                try:
+                    text = self._take(index, event)
+                except (EngineDead, SampleFailed) as e:
+                    failure = e
+                    continue
+                sample = self.samples[index]
+                if sample.finish_reason is not None:  # this was its last token
+                    unfinished -= 1
+                at = growing.get(index)
+                if at is not None:
+                    deltas[at] = Delta(sample, deltas[at].text + text, sample.finish_reason)
+                    continue
+                if len(sample.output_ids) > 1:
+                    growing[index] = len(deltas)
+                deltas.append(Delta(sample, text, sample.finish_reason))
+            for delta in deltas:
+                yield delta
+            if failure is not None:
+                raise failure
+
+    def _take(self, index: int, event: Event) -> str:
+        """One event of sample ``index``: its token's newly final text (and the rest at its last token)."""
+        if isinstance(event, EngineDead):
+            raise event
+        assert isinstance(event, Token), event  # start() consumed every accept/reject
+        sample = self.samples[index]
+        if event.finish_reason == "error":
+            sample.finish_reason = "error"
+            self.metrics.requests.labels("error").inc()
+            raise SampleFailed(event.error or "unknown error")
+        self._record_latency(sample)
+        sample.output_ids.append(event.token_id)
+        sample.cached_tokens = event.cached_tokens
+        text = sample.detok.push(event.token_id)
+        if event.finish_reason is not None:
+            sample.finish_reason = event.finish_reason
+            self.metrics.requests.labels(event.finish_reason).inc()
+            text += sample.detok.finish()
+        return text
 
     async def run(self, disconnected: Awaitable[None]) -> bool:
         """Run every sample to the end; False (and everything aborted) if ``disconnected`` fires first."""
