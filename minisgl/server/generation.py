@@ -111,8 +111,8 @@ class Generation:
         """Text deltas of all samples as tokens arrive. The tokens of a sample that arrived together (a
         message of the scheduler's carries a stream interval's worth) make one delta, so that a response
         writes one event per interval and not one per token (for a fast decode a tenth of the events and
-        the bytes). A sample's first token is a delta of its own, so that the client sees when it came. Raises ``EngineDead`` or ``SampleFailed`` after the
-        deltas of the tokens before the failure."""
+        the bytes). A sample's first token is a delta of its own, so that the client sees when it came.
+        Raises ``EngineDead`` or ``SampleFailed`` after the deltas of the tokens before the failure."""
         unfinished = sum(s.finish_reason is None for s in self.samples)
         while unfinished:
             if not self._pending:
