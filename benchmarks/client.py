@@ -3,6 +3,10 @@
 Prompts go as text, as a user's client sends them, so every server tokenizes them itself; answers
 come back as text. Any server that follows the OpenAI streaming format (minisgl, llama-server,
 vLLM) works: usage and cached prompt tokens come from the final ``usage`` chunk.
+
+The client is aiohttp's, as in vLLM's own serving benchmark: on a 2-core machine the client's CPU is
+taken from the server it measures, and httpx's streaming used about 2.5x aiohttp's CPU per run
+(``docs/benchmarks/session28-amd/client_cpu.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 
 WARMUP_PROMPTS = ("Warm-up request: say hello.", "A second warm-up request, about the weather.")
 
@@ -71,18 +75,29 @@ def request_body(prompt: str, output_len: int) -> dict[str, Any]:
     }
 
 
-async def complete(client: httpx.AsyncClient, url: str, prompt: str, output_len: int) -> Timing:
+def client_session(connections: int = 0, timeout_s: float | None = None) -> aiohttp.ClientSession:
+    """A client session with at most ``connections`` open at once (0: no limit), each request given
+    ``timeout_s`` in all (None: no limit)."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=connections),
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
+        read_bufsize=2**20,  # a line (one event) may be as long as the buffer: a slow reader gets many tokens in one
+    )
+
+
+async def complete(client: aiohttp.ClientSession, url: str, prompt: str, output_len: int) -> Timing:
     timing = Timing(start=time.perf_counter())
     parts: list[str] = []
-    async with client.stream("POST", f"{url}/v1/completions", json=request_body(prompt, output_len)) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"/v1/completions answered {response.status_code}: {(await response.aread())[:500]!r}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
+    async with client.post(f"{url}/v1/completions", json=request_body(prompt, output_len)) as response:
+        if response.status != 200:
+            raise RuntimeError(f"/v1/completions answered {response.status}: {(await response.read())[:500]!r}")
+        async for raw in response.content:  # one line at a time
+            if not raw.startswith(b"data: "):
                 continue
-            if line == "data: [DONE]":
+            line = raw.rstrip(b"\r\n")
+            if line == b"data: [DONE]":
                 break
-            parts.append(timing.add_event(json.loads(line[len("data: ") :]), time.perf_counter()))
+            parts.append(timing.add_event(json.loads(line[len(b"data: ") :]), time.perf_counter()))
     timing.end = time.perf_counter()
     timing.text = "".join(parts)
     return timing
@@ -92,7 +107,7 @@ def warm_up(url: str) -> None:
     """First requests pay for lazy initialisation (allocator, kernels, thread pools); keep it off the clock."""
 
     async def go() -> None:
-        async with httpx.AsyncClient(timeout=None) as client:
+        async with client_session() as client:
             await asyncio.gather(*(complete(client, url, p, 4) for p in WARMUP_PROMPTS))
 
     asyncio.run(go())

@@ -17,10 +17,10 @@ import random
 import time
 from collections.abc import Callable
 
-import httpx
+import aiohttp
 from transformers import PreTrainedTokenizerBase
 
-from benchmarks.client import Timing, complete
+from benchmarks.client import Timing, client_session, complete
 from benchmarks.hit_rate import reusable_tokens
 from benchmarks.metrics import summarize
 from benchmarks.results import RunResult
@@ -57,13 +57,13 @@ async def _play(
     gate = asyncio.Semaphore(cap) if cap else None
     records: dict[int, tuple[str, Timing]] = {}
 
-    async def request(client: httpx.AsyncClient, prompt: str) -> Timing:
+    async def request(client: aiohttp.ClientSession, prompt: str) -> Timing:
         if gate is None:
             return await complete(client, url, prompt, workload.output_len)
         async with gate:
             return await complete(client, url, prompt, workload.output_len)
 
-    async def session(client: httpx.AsyncClient, turns: list[tuple[int, Turn]], delay: float) -> None:
+    async def session(client: aiohttp.ClientSession, turns: list[tuple[int, Turn]], delay: float) -> None:
         await asyncio.sleep(delay)
         history = ""
         for index, turn in turns:
@@ -77,8 +77,7 @@ async def _play(
     for _ in sessions:
         starts.append(t)
         t += rng.expovariate(rate) if math.isfinite(rate) else 0.0
-    limits = httpx.Limits(max_connections=cap or len(sessions))
-    async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+    async with client_session(cap or len(sessions)) as client:
         start = time.perf_counter()
         await asyncio.gather(*(session(client, turns, s) for turns, s in zip(sessions.values(), starts)))
         duration = time.perf_counter() - start

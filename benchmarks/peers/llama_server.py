@@ -16,10 +16,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-import httpx
+import aiohttp
 
 from benchmarks.child import ChildFailed, exit_description
-from benchmarks.client import Timing, complete
+from benchmarks.client import Timing, client_session, complete
 from benchmarks.peers.amx import llama_server_flags
 from benchmarks.peers.paths import LLAMA_CPP_PYTHON_VERSION, SETUP_COMMAND, llama_server_binary
 from benchmarks.server import ServerProcess, start_warm
@@ -103,13 +103,13 @@ def _first_completion_failure(server: ServerProcess, url: str, prompt: str, toke
     log's tail (its death when it died of the request)."""
 
     async def complete_once() -> Timing:
-        async with httpx.AsyncClient(timeout=60.0) as client:
+        async with client_session(timeout_s=60.0) as client:
             return await complete(client, url, prompt, tokens)
 
     assert server.process is not None
     try:
         timing = asyncio.run(complete_once())
-    except (httpx.HTTPError, RuntimeError) as e:
+    except (aiohttp.ClientError, TimeoutError, RuntimeError) as e:
         try:
             returncode = server.process.wait(timeout=5)  # a dying server may still be closing its sockets
         except subprocess.TimeoutExpired:

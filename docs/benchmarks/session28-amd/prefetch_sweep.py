@@ -1,0 +1,81 @@
+"""Session 28: the int4 product's software prefetch distance (quant_gemm.c's PREFETCH) for one row of x,
+against torch's streaming read measured beside it, so that each round says which read mode the VM was in.
+
+Twelve 16384 x 2048 Q4_1-shaped weights (21 MB each, 252 MB in all, in a huge-page arena as the engine
+holds them) are multiplied in turn, as a decode step runs its layers; per round and distance, the best
+of 5 passes over all twelve, in GB/s of weight read. Builds each distance's kernels from a copy of the
+sources (AVX-512 VNNI variant).
+
+    PYTHONPATH=. python docs/benchmarks/session28-amd/prefetch_sweep.py [ROUNDS] [DISTANCE ...]
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.hardware_peak import memory_bandwidth
+from benchmarks.machine import machine_info
+from minisgl.heap import HugePageArena, retain_freed_memory
+from minisgl.kernels import native
+from minisgl.layers.quant import Int4Weight
+
+
+def kernels_with_prefetch(distance: int, root: Path) -> native.CpuKernels:
+    source = root / f"prefetch{distance}"
+    shutil.copytree(native.SOURCE_DIR, source)
+    path = source / "quant_gemm.c"
+    path.write_text(re.sub(r"#define PREFETCH \d+", f"#define PREFETCH {distance}", path.read_text()))
+    native.SOURCE_DIR = source
+    native.load_variant.cache_clear()
+    return native.load_variant("avx512")
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+    distances = [int(a) for a in sys.argv[2:]] or [1024, 2048, 4096, 8192]
+    retain_freed_memory()
+    torch.manual_seed(0)
+    arena = HugePageArena()
+    weights = []
+    for _ in range(12):
+        w = Int4Weight.quantize(torch.randn(16384, 2048) * 0.02)
+        w.move_into(arena)
+        weights.append(w)
+    nbytes = sum(sum(b.numel() * b.element_size() for b in w.buffers()) for w in weights)
+    x = torch.randn(1, 2048)
+    original = native.SOURCE_DIR
+    with tempfile.TemporaryDirectory() as tmp:
+        products = {}
+        for d in distances:
+            kernels = kernels_with_prefetch(d, Path(tmp))
+            products[d] = [w.bind(kernels, 1) for w in weights]
+        native.SOURCE_DIR = original
+        print(f"# {machine_info(torch.get_num_threads())['cpu']}, {torch.get_num_threads()} threads; "
+              f"{nbytes / 1e6:.0f} MB of weights")  # fmt: skip
+        print("| round | torch read GB/s | " + " | ".join(f"PREFETCH {d} GB/s" for d in distances) + " |")
+        print("|---|---|" + "---|" * len(distances))
+        with torch.inference_mode():
+            for r in range(rounds):
+                read = memory_bandwidth(0.5) / 1e9
+                rates = []
+                for d in distances[r % len(distances) :] + distances[: r % len(distances)]:
+                    best = float("inf")
+                    for _ in range(6):
+                        start = time.perf_counter()
+                        for product in products[d]:
+                            product(x)
+                        best = min(best, time.perf_counter() - start)
+                    rates.append((d, nbytes / best / 1e9))
+                by_distance = dict(rates)
+                print(f"| {r} | {read:.1f} | " + " | ".join(f"{by_distance[d]:.1f}" for d in distances) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
