@@ -16,7 +16,6 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
 
 import httpx
 import psutil
@@ -26,8 +25,8 @@ from benchmarks.client import Timing, client_session, complete, request_body
 from benchmarks.machine import machine_info, wait_for_quiet
 from benchmarks.offline import run_offline, warm_up
 from benchmarks.online_systems import minisgl_variant
-from benchmarks.systems import SystemOptions, make_system
 from benchmarks.scale_model import gguf_of
+from benchmarks.systems import SystemOptions, make_system
 from benchmarks.workloads import Sizes, build
 from minisgl.kernels.native import cpu_paths, resolve_kernels
 from minisgl.models.source import resolve_model_path

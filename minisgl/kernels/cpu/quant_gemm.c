@@ -49,9 +49,10 @@
 #define BLOCK_TILES 8  // tiles a register tile of x runs against while in L1 (their span's codes: L2)
 #define SPAN 32        // groups per pass over the rows of x: a span's codes and a register tile's x stay in L1
 #define TURN 8         // one row of x, 256-bit registers: groups a tile's first vector of rows runs before its second
-// Bytes ahead in a tile's codes that the loop asks for (the stream's next 4-8 groups), and as many groups ahead
-// in its scales and minimums: one row of x is bound by these streams (benchmarks.decode_per_byte).
-#define PREFETCH 2048
+// Bytes ahead in a tile's codes that the loop asks for (the stream's next 8-16 groups), and as many groups ahead
+// in its scales and minimums: one row of x is bound by these streams (benchmarks.decode_per_byte; against other
+// distances in the decode step: docs/benchmarks/session28-amd/fused_prefetch_ab.py).
+#define PREFETCH 4096
 
 const char *kernels_variant(void) { return KERNELS_VARIANT; }
 
