@@ -5,8 +5,8 @@ come back as text. Any server that follows the OpenAI streaming format (minisgl,
 vLLM) works: usage and cached prompt tokens come from the final ``usage`` chunk.
 
 The client is aiohttp's, as in vLLM's own serving benchmark: on a 2-core machine the client's CPU is
-taken from the server it measures, and httpx's streaming used about 2.5x aiohttp's CPU per run
-(``docs/benchmarks/session28-amd/client_cpu.py``).
+taken from the server it measures, and httpx's streaming took about three times aiohttp's CPU per run
+(``docs/benchmarks/session28-amd/client_ab.py`` measures both).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def client_session(connections: int = 0, timeout_s: float | None = None) -> aioh
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=connections),
         timeout=aiohttp.ClientTimeout(total=timeout_s),
-        read_bufsize=2**20,  # a line (one event) may be as long as the buffer: a slow reader gets many tokens in one
+        read_bufsize=2**20,  # a line (one event) must fit: a reader that falls behind gets many tokens in one
     )
 
 
