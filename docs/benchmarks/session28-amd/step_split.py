@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
-from typing import Any
 
 import torch
+from fused_prefetch_ab import timed_calls  # this folder's: the script's own directory is on the path
 
 from benchmarks.hardware_peak import memory_bandwidth
 from benchmarks.machine import machine_info
@@ -26,17 +25,7 @@ def main() -> None:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 4
     llm = LLM(resolve_scale_model("scale-1.7b"), max_running_req=1, cache_type="naive", num_page_override=400,
               speculative_algorithm="none")  # fmt: skip
-    fused = llm.scheduler.engine.model._fused_decoder
-    run = fused.run
-    calls: list[float] = []
-
-    def timed(*args: Any) -> Any:
-        start = time.perf_counter()
-        result = run(*args)
-        calls.append(time.perf_counter() - start)
-        return result
-
-    fused.run = timed
+    calls = timed_calls(llm)
     weight_bytes = weight_bytes_per_step(llm, rows=1)
     print(f"# {machine_info(torch.get_num_threads())['cpu']}, {torch.get_num_threads()} threads; "
           f"{weight_bytes / 1e6:.0f} MB of weights per step")  # fmt: skip
