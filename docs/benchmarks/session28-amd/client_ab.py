@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
 
 import httpx
@@ -107,7 +106,6 @@ def main() -> None:
               f"median {statistics.median(ratios):.3f} ({min(ratios):.2f}-{max(ratios):.2f}); "
               f"median CPU per run: client {client:.3f} s, front end {front_end:.3f} s, "
               f"scheduler process {scheduler:.2f} s")  # fmt: skip
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

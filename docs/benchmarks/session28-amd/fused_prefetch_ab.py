@@ -17,6 +17,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,28 @@ from minisgl import LLM, SamplingParams
 from minisgl.kernels import native
 
 
-def llm_with_prefetch(model: str | None, distance: int, root: Path) -> LLM:
-    original = native.SOURCE_DIR
-    source = root / f"prefetch{distance}"
-    shutil.copytree(original, source)
+def patched_sources(root: Path, name: str, patch: Callable[[str], str]) -> Path:
+    """A copy of the kernels' sources in ``root / name`` with quant_gemm.c's text passed through ``patch``."""
+    source = root / name
+    shutil.copytree(native.SOURCE_DIR, source)
     path = source / "quant_gemm.c"
-    path.write_text(re.sub(r"#define PREFETCH \d+", f"#define PREFETCH {distance}", path.read_text()))
+    path.write_text(patch(path.read_text()))
+    return source
+
+
+def sources_with_prefetch(distance: int, root: Path) -> Path:
+    def patch(text: str) -> str:
+        patched, found = re.subn(r"#define PREFETCH \d+", f"#define PREFETCH {distance}", text)
+        if found != 1:
+            raise ValueError("quant_gemm.c has no single #define PREFETCH")
+        return patched
+
+    return patched_sources(root, f"prefetch{distance}", patch)
+
+
+def llm_from(model: str | None, source: Path) -> LLM:
+    """One request at a time, speculation off, its C kernels built from ``source``."""
+    original = native.SOURCE_DIR
     native.SOURCE_DIR = source
     native.load_variant.cache_clear()
     try:
@@ -60,6 +77,11 @@ def timed_calls(llm: LLM) -> list[float]:
     return calls
 
 
+def kernels_of(llm: LLM) -> str:
+    kernels = llm.scheduler.engine.kernels
+    return f"C kernels {kernels.variant.description}" if kernels is not None else "torch's kernels (no C kernels)"
+
+
 def layer_bytes(llm: LLM) -> int:
     """The quantized buffers of the decoder layers: what the fused call streams per step."""
     layers = llm.scheduler.engine.model.model.layers
@@ -76,11 +98,11 @@ def main() -> None:
     model = None if args.model == "none" else args.model
     rounds, distances = args.rounds, args.distances
     with tempfile.TemporaryDirectory() as tmp:
-        llms = {d: llm_with_prefetch(model, d, Path(tmp)) for d in distances}
+        llms = {d: llm_from(model, sources_with_prefetch(d, Path(tmp))) for d in distances}
         calls = {d: timed_calls(llm) for d, llm in llms.items()}
         nbytes = layer_bytes(llms[distances[0]])
         print(f"# {machine_info(torch.get_num_threads())['cpu']}, {torch.get_num_threads()} threads; "
-              f"{nbytes / 1e6:.0f} MB of layer weights per step")  # fmt: skip
+              f"{nbytes / 1e6:.0f} MB of layer weights per step; {kernels_of(llms[distances[0]])}")  # fmt: skip
         prompt = list(range(100, 164))
         params = SamplingParams(max_tokens=48, ignore_eos=True)
         for llm in llms.values():

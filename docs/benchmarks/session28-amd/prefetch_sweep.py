@@ -14,13 +14,12 @@ variant).
 from __future__ import annotations
 
 import argparse
-import re
-import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from fused_prefetch_ab import sources_with_prefetch  # this folder's: the script's own directory is on the path
 
 from benchmarks.hardware_peak import memory_bandwidth
 from benchmarks.machine import machine_info
@@ -30,13 +29,14 @@ from minisgl.layers.quant import Int4Weight
 
 
 def kernels_with_prefetch(distance: int, root: Path) -> native.CpuKernels:
-    source = root / f"prefetch{distance}"
-    shutil.copytree(native.SOURCE_DIR, source)
-    path = source / "quant_gemm.c"
-    path.write_text(re.sub(r"#define PREFETCH \d+", f"#define PREFETCH {distance}", path.read_text()))
-    native.SOURCE_DIR = source
+    original = native.SOURCE_DIR
+    native.SOURCE_DIR = sources_with_prefetch(distance, root)
     native.load_variant.cache_clear()
-    return native.load_variant("avx512")
+    try:
+        return native.load_variant("avx512")
+    finally:
+        native.SOURCE_DIR = original
+        native.load_variant.cache_clear()
 
 
 def main() -> None:
@@ -56,15 +56,13 @@ def main() -> None:
         weights.append(w)
     nbytes = sum(sum(b.numel() * b.element_size() for b in w.buffers()) for w in weights)
     x = torch.randn(args.rows, 2048)
-    original = native.SOURCE_DIR
     with tempfile.TemporaryDirectory() as tmp:
         products = {}
         for d in distances:
             kernels = kernels_with_prefetch(d, Path(tmp))
             products[d] = [w.bind(kernels, 1) for w in weights]
-        native.SOURCE_DIR = original
         print(f"# {machine_info(torch.get_num_threads())['cpu']}, {torch.get_num_threads()} threads; "
-              f"{nbytes / 1e6:.0f} MB of weights")  # fmt: skip
+              f"{nbytes / 1e6:.0f} MB of weights; C kernels {kernels.variant.description}")  # fmt: skip
         unit = "GB/s" if args.rows == 1 else "ms"
         print(f"# {args.rows} row(s) of x")
         print("| round | torch read GB/s | " + " | ".join(f"PREFETCH {d} {unit}" for d in distances) + " |")

@@ -12,7 +12,7 @@ import statistics
 import sys
 
 import torch
-from fused_prefetch_ab import timed_calls  # this folder's: the script's own directory is on the path
+from fused_prefetch_ab import kernels_of, timed_calls  # this folder's: the script's own directory is on the path
 
 from benchmarks.hardware_peak import memory_bandwidth
 from benchmarks.machine import machine_info
@@ -28,7 +28,7 @@ def main() -> None:
     calls = timed_calls(llm)
     weight_bytes = weight_bytes_per_step(llm, rows=1)
     print(f"# {machine_info(torch.get_num_threads())['cpu']}, {torch.get_num_threads()} threads; "
-          f"{weight_bytes / 1e6:.0f} MB of weights per step")  # fmt: skip
+          f"{weight_bytes / 1e6:.0f} MB of weights per step; {kernels_of(llm)}")  # fmt: skip
     prompt = torch.randint(1, llm.scheduler.vocab_size, (64,), generator=torch.Generator().manual_seed(0)).tolist()
     params = SamplingParams(max_tokens=128, ignore_eos=True)
     llm.generate([prompt], params, use_tqdm=False)  # warm-up
