@@ -89,6 +89,33 @@ def layer_bytes(llm: LLM) -> int:
                if name.rsplit(".", 1)[-1] in ("codes", "scale", "minimum"))  # fmt: skip
 
 
+def race(llms: dict[str, LLM], rounds: int) -> None:
+    """Per round a streaming read, then each LLM (order rotated) decodes one request; prints the layers'
+    GB/s per LLM over its fused call's median time. Shuts the LLMs down at the end."""
+    names = list(llms)
+    calls = {n: timed_calls(llm) for n, llm in llms.items()}
+    nbytes = layer_bytes(llms[names[0]])
+    print(f"# {machine_info(torch.get_num_threads())['cpu']}, {torch.get_num_threads()} threads; "
+          f"{nbytes / 1e6:.0f} MB of layer weights per step; {kernels_of(llms[names[0]])}")  # fmt: skip
+    prompt = list(range(100, 164))
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    for llm in llms.values():
+        llm.generate([prompt], params, use_tqdm=False)  # warm-up
+    print("| round | read GB/s | " + " | ".join(f"{n}: layers GB/s" for n in names) + " |")
+    print("|---|---|" + "---|" * len(names))
+    for r in range(rounds):
+        read = memory_bandwidth(0.5) / 1e9
+        rates = {}
+        for n in names[r % len(names) :] + names[: r % len(names)]:
+            llms[n].flush_cache()
+            calls[n].clear()
+            llms[n].generate([prompt], params, use_tqdm=False)
+            rates[n] = nbytes / statistics.median(calls[n]) / 1e9
+        print(f"| {r} | {read:.1f} | " + " | ".join(f"{rates[n]:.1f}" for n in names) + " |", flush=True)
+    for llm in llms.values():
+        llm.shutdown()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=12)
@@ -96,30 +123,10 @@ def main() -> None:
     p.add_argument("--distances", type=int, nargs="+", default=[2048, 4096])
     args = p.parse_args()
     model = None if args.model == "none" else args.model
-    rounds, distances = args.rounds, args.distances
     with tempfile.TemporaryDirectory() as tmp:
-        llms = {d: llm_from(model, sources_with_prefetch(d, Path(tmp))) for d in distances}
-        calls = {d: timed_calls(llm) for d, llm in llms.items()}
-        nbytes = layer_bytes(llms[distances[0]])
-        print(f"# {machine_info(torch.get_num_threads())['cpu']}, {torch.get_num_threads()} threads; "
-              f"{nbytes / 1e6:.0f} MB of layer weights per step; {kernels_of(llms[distances[0]])}")  # fmt: skip
-        prompt = list(range(100, 164))
-        params = SamplingParams(max_tokens=48, ignore_eos=True)
-        for llm in llms.values():
-            llm.generate([prompt], params, use_tqdm=False)  # warm-up
-        print("| round | read GB/s | " + " | ".join(f"PREFETCH {d}: layers GB/s" for d in distances) + " |")
-        print("|---|---|" + "---|" * len(distances))
-        for r in range(rounds):
-            read = memory_bandwidth(0.5) / 1e9
-            rates = {}
-            for d in distances[r % len(distances) :] + distances[: r % len(distances)]:
-                llms[d].flush_cache()
-                calls[d].clear()
-                llms[d].generate([prompt], params, use_tqdm=False)
-                rates[d] = nbytes / statistics.median(calls[d]) / 1e9
-            print(f"| {r} | {read:.1f} | " + " | ".join(f"{rates[d]:.1f}" for d in distances) + " |", flush=True)
-        for llm in llms.values():
-            llm.shutdown()
+        race(
+            {f"PREFETCH {d}": llm_from(model, sources_with_prefetch(d, Path(tmp))) for d in args.distances}, args.rounds
+        )
 
 
 if __name__ == "__main__":

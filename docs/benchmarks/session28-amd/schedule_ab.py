@@ -10,17 +10,11 @@ one request and the fused layers' call is timed.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-from fused_prefetch_ab import kernels_of, layer_bytes, llm_from, patched_sources, timed_calls  # this folder's
-
-from benchmarks.hardware_peak import memory_bandwidth
-from benchmarks.machine import machine_info
-from minisgl import SamplingParams
+from fused_prefetch_ab import llm_from, patched_sources, race  # this folder's
 
 # The few-rows loop's parallel for (quant_gemm.c's gemm, rows <= GEMM_ROWS).
 LOOP = (
@@ -48,30 +42,11 @@ def main() -> None:
     p.add_argument("--model", default="scale-1.7b", help="a scale model's name, or none for the default model")
     args = p.parse_args()
     model = None if args.model == "none" else args.model
-    names = list(SCHEDULES)
     with tempfile.TemporaryDirectory() as tmp:
-        llms = {n: llm_from(model, patched_sources(Path(tmp), n, with_schedule(SCHEDULES[n]))) for n in names}
-        calls = {n: timed_calls(llm) for n, llm in llms.items()}
-        nbytes = layer_bytes(llms[names[0]])
-        print(f"# {machine_info(torch.get_num_threads())['cpu']}, {torch.get_num_threads()} threads; "
-              f"{nbytes / 1e6:.0f} MB of layer weights per step; {kernels_of(llms[names[0]])}")  # fmt: skip
-        prompt = list(range(100, 164))
-        params = SamplingParams(max_tokens=48, ignore_eos=True)
-        for llm in llms.values():
-            llm.generate([prompt], params, use_tqdm=False)  # warm-up
-        print("| round | read GB/s | " + " | ".join(f"{n}: layers GB/s" for n in names) + " |")
-        print("|---|---|" + "---|" * len(names))
-        for r in range(args.rounds):
-            read = memory_bandwidth(0.5) / 1e9
-            rates = {}
-            for n in names[r % len(names) :] + names[: r % len(names)]:
-                llms[n].flush_cache()
-                calls[n].clear()
-                llms[n].generate([prompt], params, use_tqdm=False)
-                rates[n] = nbytes / statistics.median(calls[n]) / 1e9
-            print(f"| {r} | {read:.1f} | " + " | ".join(f"{rates[n]:.1f}" for n in names) + " |", flush=True)
-        for llm in llms.values():
-            llm.shutdown()
+        root = Path(tmp)
+        race(
+            {n: llm_from(model, patched_sources(root, n, with_schedule(c))) for n, c in SCHEDULES.items()}, args.rounds
+        )
 
 
 if __name__ == "__main__":
