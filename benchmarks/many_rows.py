@@ -1,6 +1,7 @@
 """The quantized weights' product paths per weight, at several row counts, on the projections of the
 default model and of a 1.7B one (SmolLM2-1.7B's shapes): the C kernel (``quant_gemm.c``, every row
-count; x at one int8 digit, as every layer's products take it, and at two, as the LM head's), torch's
+count; x at one int8 digit, as every layer's products take it, and at two, as the LM head's; with the
+amx build its prefill rows' path too, bf16 on AMX: ``bf16_gemm.c``), torch's
 weight-only kernel and the weight expanded to bf16 with torch's bf16 GEMM (the fallback without the C
 kernels), and dense packed bf16 and fp32 products beside them.
 ``INT4_MAX_KERNEL_ROWS`` / ``INT8_MAX_KERNEL_ROWS`` (``minisgl/tuning.py``: where torch's kernel stops
@@ -70,10 +71,10 @@ def main() -> None:
     )
     print(f"# load average at start: {load_average()}")
     print(
-        "| size | weight | format | rows | C kernel ms | C kernel, two digits ms | torch kernel ms | bf16 expansion ms "
-        "| dense bf16 ms | dense fp32 ms | torch faster |"
+        "| size | weight | format | rows | C kernel ms | C kernel, two digits ms | C kernel, prefill rows ms "
+        "| torch kernel ms | bf16 expansion ms | dense bf16 ms | dense fp32 ms | torch faster |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     torch.manual_seed(0)
     with torch.inference_mode():
         for size in args.sizes:
@@ -92,13 +93,16 @@ def main() -> None:
                         xb = x.bfloat16()
                         t_c = seconds(lambda: c_matmul(x)) if c_matmul is not None else float("nan")
                         t_two = seconds(lambda: c_two_digits(x)) if c_two_digits is not None else float("nan")
+                        prefill = c_matmul is not None and kernels is not None and kernels.bf16_prefill
+                        t_prefill = seconds(lambda: c_matmul(x, rows)) if prefill else float("nan")
                         t_kernel = seconds(lambda: q.kernel(x))
                         t_many = seconds(lambda: q.many_rows(x))
                         t_bf16 = seconds(lambda: bf16(xb))
                         t_fp32 = seconds(lambda: fp32(x))
                         faster = "kernel" if t_kernel < t_many else "expansion"
                         print(
-                            f"| {size} | {name} | {fmt} | {rows} | {t_c * 1e3:.2f} | {t_two * 1e3:.2f} | {t_kernel * 1e3:.2f} | "
+                            f"| {size} | {name} | {fmt} | {rows} | {t_c * 1e3:.2f} | {t_two * 1e3:.2f} | {t_prefill * 1e3:.2f} | "
+                            f"{t_kernel * 1e3:.2f} | "
                             f"{t_many * 1e3:.2f} | {t_bf16 * 1e3:.2f} | {t_fp32 * 1e3:.2f} | {faster} |",
                             flush=True,
                         )

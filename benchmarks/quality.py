@@ -24,6 +24,8 @@ import numpy as np
 from benchmarks.corpus import CHAT_MESSAGES, GUIDELINES, PERSONAS, QUESTIONS
 from benchmarks.peers.amx import load_llama
 from minisgl import LLM, SamplingParams
+from minisgl.kernels.native import cpu_paths
+from minisgl.kernels.variants import KERNEL_CHOICES
 from minisgl.layers.quant import QuantizedWeight
 from minisgl.models.decoder import DecoderForCausalLM
 from minisgl.models.gguf import default_model_path
@@ -98,11 +100,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/quality.md"))
+    parser.add_argument("--kernels", default="auto", choices=KERNEL_CHOICES)
     args = parser.parse_args()
     gguf = default_model_path()
-    rows, reference, token_ids = [], None, None
+    rows, reference, token_ids, paths = [], None, None, ""
     for mode, dtype, two_digits in MODES:
-        llm = LLM(quantization=mode, dtype=dtype, num_page_override=4096)
+        llm = LLM(quantization=mode, dtype=dtype, num_page_override=4096, kernels=args.kernels)
+        paths = "; ".join(f"{k}: {v}" for k, v in cpu_paths(llm.scheduler.engine.kernels).items())
         token_ids = llm.tokenizer.encode(TEXT)
         prompts = [llm.apply_chat_template([{"role": "user", "content": q}]) for q in PROMPTS]
         engine = llm.scheduler.engine  # scored through its own attention: its KV dtype and kernels
@@ -125,7 +129,7 @@ def main() -> None:
             (
                 f"Quality on {gguf.name}: perplexity of the built-in corpus text ({len(token_ids)} tokens, "
                 f"`benchmarks/quality.py`), greedy agreement with fp32 `none` over {len(PROMPTS)} chat prompts "
-                f"x {args.max_tokens} tokens."
+                f"x {args.max_tokens} tokens. Quantized products: {paths}."
             ),
             "",
             "| weights | perplexity | prompts identical to fp32 | tokens before first difference |",

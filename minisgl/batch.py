@@ -49,6 +49,10 @@ class Batch:
     extend_lens: torch.Tensor  # [requests] new tokens this pass (CPU int64)
     sample_rows: torch.Tensor  # [sampled] rows of the token dimension whose logits are sampled, on the device
     sampling: SamplingRows = field(default_factory=SamplingRows)  # one entry per sampled row (rank 0 only)
+    # The first rows of the token dimension that are prefill (prompt or extension) tokens; the rest decode a
+    # token each (with its drafts). Where the products have a path for prefill rows (the C kernels' amx
+    # build), each row takes its kind's, so that a row's arithmetic never depends on what shares its pass.
+    prefill_tokens: int = 0
 
     @property
     def num_reqs(self) -> int:

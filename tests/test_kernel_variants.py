@@ -1,4 +1,4 @@
-"""The C kernels' builds (AVX-512 VNNI, AVX2 + AVX-VNNI, AVX2 + FMA): which one a CPU gets, each body
+"""The C kernels' builds (AMX, AVX-512 VNNI, AVX2 + AVX-VNNI, AVX2 + FMA): which one a CPU gets, each body
 against the plain C reference its library exports and against torch on the dequantized weight, and
 the boundary refusing what the C code cannot read. Every variant this CPU can execute runs (an AVX2
 build runs on an AVX-512 machine); the others skip, saying so."""
@@ -24,6 +24,7 @@ from tests.conftest import c_kernels_or_skip
 
 AVX2 = frozenset({"avx2", "fma", "f16c"})
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
+AMX = frozenset({"avx512_bf16", "amx_tile", "amx_bf16"})
 # The SIMD bodies sum the same integers as the references in another order: fp32 rounding only.
 REFERENCE_TOLERANCE = 1e-5
 
@@ -36,7 +37,8 @@ def kernels(request: pytest.FixtureRequest) -> CpuKernels:
 @pytest.mark.parametrize(
     "flags, expected",
     [
-        (AVX512 | {"avx_vnni"}, ["avx512", "avxvnni", "avx2"]),  # Sapphire Rapids
+        (AVX512 | AMX | {"avx_vnni"}, ["amx", "avx512", "avxvnni", "avx2"]),  # Sapphire Rapids
+        (AVX512 | {"avx_vnni", "avx512_bf16"}, ["avx512", "avxvnni", "avx2"]),  # the same, AMX not exposed
         (AVX512, ["avx512", "avx2"]),  # Zen 4, Ice Lake: no AVX-VNNI
         (AVX2 | {"avx_vnni"}, ["avxvnni", "avx2"]),  # Alder Lake
         (AVX2, ["avx2"]),  # Haswell .. Zen 3
@@ -165,6 +167,44 @@ def test_largest_int4_values_stay_inside_the_int16_sums(kernels: CpuKernels) -> 
     x = torch.cat([torch.ones(1, k), -torch.ones(1, k), torch.full((1, k), 0.7)])
     y = kernels.int4(weight.codes, weight.scale, weight.minimum, n, digits=2)(x)
     torch.testing.assert_close(y, rounded_per_group(x, 2) @ weight.dequantize().T, rtol=1e-5, atol=1e-5)
+
+
+# Prefill rows in bf16 on the tile unit (bf16_gemm.c): spans of K and blocks of 32 rows and 32 outputs, with
+# the edges of each (1 output, 17 and 40 rows: part-filled blocks; 300 rows: past a chunk of 256).
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("n, k", [(1, 64), (37, 96), (100, 576), (21, 8192 + 64)])
+def test_prefill_rows_of_the_amx_build_are_its_bf16_reference(bits: int, n: int, k: int) -> None:
+    kernels = c_kernels_or_skip("c:amx")
+    assert kernels.bf16_prefill
+    g = torch.Generator().manual_seed(n + k + bits)
+    weight = (Int4Weight if bits == 4 else Int8Weight).quantize(torch.randn(n, k, generator=g))
+    buffers = (weight.codes, weight.scale, weight.minimum) if bits == 4 else (weight.codes, weight.scale)
+    bind = kernels.int4 if bits == 4 else kernels.int8
+    simd, reference = bind(*buffers, n), bind(*buffers, n, reference=True)
+    dequantized = weight.dequantize().bfloat16().double()
+    for rows in (1, 17, 40, 300):
+        x = torch.randn(rows, k, generator=g) * 3
+        y = simd(x, rows)
+        exact = x.bfloat16().double() @ dequantized.T  # x and the weight rounded to bf16, exact sums
+        assert relative_error(y, reference(x, rows)) < REFERENCE_TOLERANCE, rows
+        assert relative_error(y, exact) < REFERENCE_TOLERANCE, rows
+        assert torch.equal(simd(x[-1:], 1), y[-1:]), rows  # a row is the same alone as in a batch
+    x = torch.randn(9, k, generator=g)
+    split = simd(x, 4)  # the decode rows after the prefill ones: their own products, as without any
+    assert torch.equal(split[:4], simd(x[:4], 4)) and torch.equal(split[4:], simd(x[4:]))
+    assert not torch.equal(split[:4], simd(x[:4]))
+
+
+def test_prefill_rows_take_the_decode_products_without_a_tile_unit(kernels: CpuKernels) -> None:
+    weight = Int4Weight.quantize(torch.randn(40, 64, generator=torch.Generator().manual_seed(1)))
+    product = kernels.int4(weight.codes, weight.scale, weight.minimum, 40)
+    x = torch.randn(20, 64)
+    assert kernels.bf16_prefill == (kernels.variant.name == "amx")
+    if not kernels.bf16_prefill:
+        assert torch.equal(product(x, 12), product(x))
+    for wrong in (-1, 21):
+        with pytest.raises(ValueError, match="prefill_rows must be within 0..20"):
+            product(x, wrong)
 
 
 def softmax_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

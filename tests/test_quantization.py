@@ -316,6 +316,37 @@ def test_auto_greedy_same_in_a_batch_as_alone(auto_llm: LLM) -> None:
     auto_llm.scheduler.check_accounting()
 
 
+def test_every_layer_product_knows_the_prefill_rows_of_its_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass's prefill rows (``Batch.prefill_tokens``, its first rows) reach every layer product, the MLP's
+    bands and a pass that mixes a prompt's chunk with a decoding request included; the LM head's rows are
+    sampled ones, all on the decode products."""
+    llm = LLM(num_page_override=2048, max_prefill_tokens=16, speculative_algorithm="none")
+    engine, head = llm.scheduler.engine, llm.scheduler.engine.model.lm_head.quantized
+    run_model, forward = engine.run_model, QuantizedWeight.forward
+    passes: list[tuple[int, int, list[int]]] = []  # (rows, prefill tokens, the layer products' prefill rows)
+
+    def recording(batch: Batch) -> torch.Tensor:
+        passes.append((batch.input_ids.numel(), batch.prefill_tokens, []))
+        return run_model(batch)
+
+    def spy(self: QuantizedWeight, x: torch.Tensor, prefill_rows: int = 0) -> torch.Tensor:
+        if self is not head:
+            passes[-1][2].append(prefill_rows)
+        return forward(self, x, prefill_rows)
+
+    monkeypatch.setattr(engine, "run_model", recording)
+    monkeypatch.setattr(QuantizedWeight, "forward", spy)
+    llm.generate([list(range(100, 106)), list(range(200, 240))], SamplingParams(max_tokens=4, ignore_eos=True))
+    llm.shutdown()
+    layers = len(engine.model.model.layers)
+    mixed = [(rows, prefill) for rows, prefill, _ in passes if 0 < prefill < rows]
+    assert mixed, passes  # the long prompt's chunks ride with the short one's decoding
+    for rows, prefill, seen in passes:
+        if prefill == 0:
+            continue  # a decode pass: the fused step's, or products told of no prefill rows
+        assert seen == [prefill] * 4 * layers, (rows, prefill)  # qkv, o, gate/up, down of each layer
+
+
 def test_fused_decode_step_matches_the_layer_by_layer_one(auto_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
     """The default model decodes through decode_layer.c in one call; the same steps through the
     modules (the same kernels one by one, SiLU and RoPE in torch) give logits within 0.2% of the
@@ -360,9 +391,9 @@ def test_fused_decode_rounds_every_projection_to_one_digit(auto_llm: LLM, monkey
     kernels = model.kernels
     two_digits = {id(w): w.bind(kernels, 2) for w in model.model.layers.modules() if isinstance(w, QuantizedWeight)}
 
-    def decode_at_two_digits(self: QuantizedWeight, x: torch.Tensor) -> torch.Tensor:
+    def decode_at_two_digits(self: QuantizedWeight, x: torch.Tensor, prefill_rows: int = 0) -> torch.Tensor:
         product = two_digits.get(id(self)) if decoding else None
-        return forward(self, x) if product is None else product(x.contiguous())
+        return forward(self, x, prefill_rows) if product is None else product(x.contiguous())
 
     monkeypatch.setattr(QuantizedWeight, "forward", decode_at_two_digits)
     two_digit = first_step()

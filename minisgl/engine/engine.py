@@ -128,7 +128,7 @@ class Engine:
     def run_model(self, batch: Batch) -> torch.Tensor:
         """The model on this rank's shard; logits of ``batch.sample_rows`` (full vocabulary on rank 0)."""
         ctx = self.attention.prepare(batch)
-        return self.model(batch.input_ids, batch.positions, ctx, batch.sample_rows)
+        return self.model(batch.input_ids, batch.positions, ctx, batch.sample_rows, batch.prefill_tokens)
 
     @torch.inference_mode()
     def sample(self, batch: Batch, logits: torch.Tensor) -> Sampled:

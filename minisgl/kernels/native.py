@@ -3,6 +3,8 @@
 - ``quant_gemm.c``: the int4 and int8 weight-only products at every row count, on the weights' tiles
   of 16 rows (``Int4Weight``, ``Int8Weight``), fp32 in and out: decode streams each tile once,
   prefill runs the same loops as a GEMM. torch's CPU kernels for them take bf16 activations.
+- ``bf16_gemm.c``: the amx build's products of prefill rows: x and the dequantized weight in bf16 on
+  AMX-BF16's tile products, as vLLM's and llama.cpp's CPU prefill run.
 - ``paged_attention.c``: decode attention read in place from the KV pool, no gathered copy.
 - ``prefill_attention.c``: an extend pass's causal attention over a bf16 pool, in bf16 products
   (AVX-512 BF16; elsewhere torch's SDPA runs it).
@@ -13,7 +15,7 @@
   (``FusedDecoder``): at one request the Python between them was a third of the step.
 
 Variants: the same sources are built into one library per instruction set (``VARIANTS``: AVX-512
-VNNI, AVX2 + AVX-VNNI, AVX2 + FMA), each with its own ``-m`` flags, into the user's cache, with the
+VNNI with AMX-BF16 for prefill rows, AVX-512 VNNI, AVX2 + AVX-VNNI, AVX2 + FMA), each with its own ``-m`` flags, into the user's cache, with the
 system's C compiler (``cc``, or ``$CC``). ``host_variants`` says which this CPU can run (from
 ``/proc/cpuinfo``); the engine resolves ``EngineConfig.kernels`` once (``resolve_kernels``) and hands
 the loaded library, or None for torch's kernels, to the layers, the attention backend and the model.
@@ -50,9 +52,10 @@ HEADER = SOURCE_DIR / "kernels.h"
 
 class Matmul(Protocol):
     """A quantized weight's product: x [rows, K] fp32 → [rows, N] fp32, x rounded to the int8 digits the
-    product was bound with (quant_gemm.c)."""
+    product was bound with (quant_gemm.c); where the library has a tile unit's path for prefill tokens
+    (``CpuKernels.bf16_prefill``), the first ``prefill_rows`` rows take it instead (bf16_gemm.c)."""
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+    def __call__(self, x: torch.Tensor, prefill_rows: int = 0) -> torch.Tensor: ...
 
 
 def resolve_kernels(choice: str, flags: frozenset[str] | None = None) -> CpuKernels | None:
@@ -248,6 +251,11 @@ class CpuKernels:
         built = self.ffi.string(self.lib.kernels_variant()).decode()
         if built != variant.name:
             raise OSError(f"the {variant.name} build compiled the {built} bodies: the compiler lacks its flags")
+        if self.lib.kernels_prepare() != self.lib.KERNELS_OK:
+            raise OSError(f"the OS refused the {variant.name} build's instructions (AMX: arch_prctl's tile permission)")
+        # Prefill rows' products in bf16 on the tile unit (the amx build's; the others refuse any call).
+        none = self.ffi.NULL
+        self.bf16_prefill = self.lib.int4_gemm_bf16(none, 0, 32, none, none, none, 0, none, 1) == self.lib.KERNELS_OK
 
     def __repr__(self) -> str:
         return f"CpuKernels({self.variant.name})"
@@ -285,8 +293,7 @@ class CpuKernels:
         group of 32 columns."""
         k = _check_int4("int4 weight", (codes, scale, minimum), n)
         weight = (self.pointer(codes), self.pointer(scale), self.pointer(minimum))
-        name = "int4_gemm_ref" if reference else "int4_gemm"
-        return self._bind(name, n, k, digits, weight, (codes, scale, minimum), threads=not reference)
+        return self._bind("int4_gemm", n, k, digits, weight, (codes, scale, minimum), reference)
 
     def int8(
         self, codes: torch.Tensor, scale: torch.Tensor, n: int, digits: int = 1, reference: bool = False
@@ -295,8 +302,7 @@ class CpuKernels:
         [rows, K] fp32 and gives [rows, n] fp32, x rounded as for ``int4``."""
         k = _check_int8("int8 weight", (codes, scale), n)
         weight = (self.pointer(codes), self.pointer(scale))
-        name = "int8_gemm_ref" if reference else "int8_gemm"
-        return self._bind(name, n, k, digits, weight, (codes, scale), threads=not reference)
+        return self._bind("int8_gemm", n, k, digits, weight, (codes, scale), reference)
 
     def int4_from_gguf(self, blocks: torch.Tensor, q4_1: bool, first: int, weight: Int4Buffers, n: int) -> None:
         """GGUF Q4_0 (or, with ``q4_1``, Q4_1) ``blocks`` [rows, K / 32 * block bytes] uint8 written as
@@ -327,20 +333,34 @@ class CpuKernels:
         digits: int,
         weight: tuple[Any, ...],
         keep: tuple[torch.Tensor, ...],
-        threads: bool,
+        reference: bool,
     ) -> Matmul:
-        """x [rows, k] → [rows, n] through ``name(x, digits, rows, k, *weight, n, y[, threads])``, the
-        weight's pointers cast once (the closure keeps its tensors, so the pointers stay valid)."""
+        """x [rows, k] → [rows, n]: the first ``prefill_rows`` rows through ``<name>_bf16(x, rows, k, *weight,
+        n, y, threads)`` where the library has it (``bf16_prefill``), the others through ``name(x, digits,
+        rows, k, *weight, n, y, threads)``; with ``reference``, their ``_ref`` functions (no threads). The
+        weight's pointers are cast once (the closure keeps its tensors, so the pointers stay valid)."""
         if digits not in (1, 2):
             raise ValueError(f"digits must be 1 or 2, got {digits}")
-        run, cast = getattr(self.lib, name), self.ffi.cast
+        suffix = "_ref" if reference else ""
+        run, prefill, cast = getattr(self.lib, name + suffix), getattr(self.lib, f"{name}_bf16{suffix}"), self.ffi.cast
+        bf16_prefill = self.bf16_prefill
 
-        def matmul(x: torch.Tensor, keep: tuple[torch.Tensor, ...] = keep) -> torch.Tensor:
+        def call(function: Any, what: str, *args: Any) -> None:
+            self.raise_for(what, function(*args) if reference else function(*args, torch.get_num_threads()))
+
+        def matmul(x: torch.Tensor, prefill_rows: int = 0, keep: tuple[torch.Tensor, ...] = keep) -> torch.Tensor:
             _check("x", x, (torch.float32,), (None, k))
-            y = torch.empty(x.shape[0], n)
-            if x.shape[0]:
-                args = (cast("float *", x.data_ptr()), digits, x.shape[0], k, *weight, n, cast("float *", y.data_ptr()))
-                self.raise_for(name, run(*args, torch.get_num_threads()) if threads else run(*args))
+            rows = x.shape[0]
+            if not 0 <= prefill_rows <= rows:
+                raise ValueError(f"prefill_rows must be within 0..{rows} (x's rows), got {prefill_rows}")
+            y = torch.empty(rows, n)
+            split = prefill_rows if bf16_prefill else 0
+            x_at, y_at = x.data_ptr(), y.data_ptr()
+            if split:
+                call(prefill, f"{name}_bf16", cast("float *", x_at), split, k, *weight, n, cast("float *", y_at))
+            if rows > split:
+                x_rest, y_rest = cast("float *", x_at + 4 * split * k), cast("float *", y_at + 4 * split * n)
+                call(run, name, x_rest, digits, rows - split, k, *weight, n, y_rest)
             return y
 
         return matmul
@@ -601,6 +621,11 @@ def cpu_paths(kernels: CpuKernels | None) -> dict[str, str]:
     log, the test suite's header): the C kernels at every row count, or torch's kernels for few rows
     and, for many, the weight expanded to bf16 and oneDNN's bf16 GEMM with the instructions it can use
     (it asks the kernel for AMX tiles itself, ``arch_prctl(ARCH_REQ_XCOMP_PERM)``)."""
+    if kernels is not None and kernels.bf16_prefill:
+        return {
+            "decode rows": "minisgl C kernels (AVX-512 VNNI)",
+            "prefill rows": "minisgl C kernels (bf16 on AMX-BF16)",
+        }
     if kernels is not None:
         return {"every row count": f"minisgl C kernels ({kernels.variant.description})"}
     if torch.cpu._is_amx_tile_supported():

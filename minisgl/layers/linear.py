@@ -103,19 +103,21 @@ class Linear(nn.Module):
         self.quantized = weight
         self.weight = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, prefill_rows: int = 0) -> torch.Tensor:
+        """x W^T (+ bias); the first ``prefill_rows`` rows of x are prefill tokens (``Batch.prefill_tokens``),
+        which a quantized weight may run on their own path."""
         p = self.partition
         if p is None or p.kind == "column":
-            return self._matmul(x, self.bias)
-        y = self._matmul(x, None)
+            return self._matmul(x, self.bias, prefill_rows)
+        y = self._matmul(x, None, prefill_rows)
         if p.reduce:
             y = p.group.all_reduce(y)
         return y if self.bias is None else y + self.bias
 
-    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None, prefill_rows: int) -> torch.Tensor:
         q = self.quantized
         if q is not None:
-            y = q.forward(x)  # not q(x): a module call's hook machinery costs ~3 us, 120 times a step
+            y = q.forward(x, prefill_rows)  # not q(x): a module call's hook machinery costs ~3 us, 120 times a step
             return y if bias is None else y + bias
         assert self.weight is not None, "a layer without a quantized weight keeps its dense one"
         return linear(x, self.weight, bias)

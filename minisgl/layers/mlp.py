@@ -32,16 +32,20 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = Linear(hidden, 2 * intermediate, partition=column(tp, part, part))
         self.down_proj = Linear(intermediate, hidden, partition=row(tp, part, reduce))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, prefill_rows: int = 0) -> torch.Tensor:
+        """The first ``prefill_rows`` rows are prefill tokens (``Batch.prefill_tokens``)."""
         if len(x) <= MLP_BAND_ROWS:
-            return self.down_proj(self._act_and_mul(self.gate_up_proj(x)))
+            return self._band(x, prefill_rows)
         # A long prefill pass a band of rows at a time: its intermediate activations (3 x intermediate
         # per row) would otherwise be the engine's largest temporaries.
         out = x.new_empty(len(x), self.down_proj.shape[0])
         for start in range(0, len(x), MLP_BAND_ROWS):
             band = x[start : start + MLP_BAND_ROWS]
-            out[start : start + len(band)] = self.down_proj(self._act_and_mul(self.gate_up_proj(band)))
+            out[start : start + len(band)] = self._band(band, min(max(prefill_rows - start, 0), len(band)))
         return out
+
+    def _band(self, x: torch.Tensor, prefill_rows: int) -> torch.Tensor:
+        return self.down_proj(self._act_and_mul(self.gate_up_proj(x, prefill_rows)), prefill_rows)
 
     def _act_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """Quantized weights with the C kernels take their SwiGLU from the kernels too (the fused decode

@@ -34,7 +34,8 @@ class SparseMoE(nn.Module):
         self.gate = Linear(hidden, num_experts)  # the router, replicated on every rank
         self.experts = nn.ModuleList(GatedMLP(hidden, intermediate, tp, part, reduce=False) for _ in range(num_experts))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, prefill_rows: int = 0) -> torch.Tensor:
+        """The first ``prefill_rows`` tokens are prefill tokens (``Batch.prefill_tokens``)."""
         probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # [tokens, top_k]
         if self.norm_topk_prob:
@@ -43,12 +44,14 @@ class SparseMoE(nn.Module):
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
         token = order // self.top_k
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
+        # An expert's tokens come in token order (the sort is stable): its prefill tokens first.
+        prefills = torch.bincount(chosen[:prefill_rows].flatten(), minlength=len(self.experts)).tolist()
         grouped = x.index_select(0, token)
         out = torch.empty_like(grouped)
         start = 0
-        for expert, n in zip(self.experts, counts):
+        for expert, n, prefill in zip(self.experts, counts, prefills):
             if n:
-                out[start : start + n] = expert(grouped[start : start + n])
+                out[start : start + n] = expert(grouped[start : start + n], prefill)
                 start += n
         out *= weights.flatten().index_select(0, order).to(x.dtype).unsqueeze(1)
         y = torch.zeros_like(x).index_add_(0, token, out)

@@ -12,7 +12,9 @@ Both are stored in tiles of 16 output rows (kernels.h's Int4 / Int8): ``minisgl/
 multiplies them with fp32 rows at every row count, decode and prefill alike (integer dot products with
 AVX-512 VNNI, AVX-VNNI or AVX2, as llama.cpp does; x rounded to one int8 digit per group of 32, as
 llama.cpp rounds it, or to two in the products of a weight whose ``digits`` is 2: the LM head's), each
-row the same whatever the batch. Without the C kernels, torch's run instead: its weight-only kernels
+row the same whatever the batch. With the kernels' amx build the rows of prefill tokens take bf16 products on
+AMX instead (``bf16_gemm.c``; ``forward``'s ``prefill_rows``), decode rows still the integer ones: a row's
+path follows its kind, never its batch. Without the C kernels, torch's run instead: its weight-only kernels
 (``aten._weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm``: bf16 activations, their packed
 copies made on first use) for up to ``max_kernel_rows`` rows (``minisgl/tuning.py``, measured by
 ``benchmarks/many_rows.py``), and past them the weight expanded to bf16 a band of output rows at a
@@ -72,13 +74,14 @@ class QuantizedWeight(nn.Module):
     # rounding, half the dot products of two) but in the LM head's (``DecoderForCausalLM.use_kernels``).
     digits: int = 1
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, prefill_rows: int = 0) -> torch.Tensor:
         """On the CPU: the C kernels at every row count, x rounded to ``digits`` int8 digits per group of
-        32; without them torch's kernels for at most ``max_kernel_rows`` rows, bf16 GEMM on the expanded
-        weight beyond."""
+        32, but for the first ``prefill_rows`` rows (prefill tokens) where the kernels have a tile unit's
+        path for them (bf16 products: ``CpuKernels.int4``); without the C kernels torch's kernels for at
+        most ``max_kernel_rows`` rows, bf16 GEMM on the expanded weight beyond."""
         rows = x.reshape(-1, self.in_features)
         if self._c_matmul is not None:
-            y = self._c_matmul(rows.float().contiguous())
+            y = self._c_matmul(rows.float().contiguous(), prefill_rows)
         elif rows.shape[0] <= self.max_kernel_rows:
             y = self.kernel(rows)
         else:
@@ -383,7 +386,11 @@ class Int8Weight(QuantizedWeight):
         pad = self.padded_in - self.in_features
         if pad == 0:
             return matmul
-        return lambda x: matmul(F.pad(x, (0, pad)))  # the kernel reads whole groups
+
+        def padded(x: torch.Tensor, prefill_rows: int = 0) -> torch.Tensor:
+            return matmul(F.pad(x, (0, pad)), prefill_rows)  # the kernel reads whole groups
+
+        return padded
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         # bf16 activations (and so scales): the torch kernel's fp32 path measured 10-100x slower past one row.

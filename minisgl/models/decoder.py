@@ -77,8 +77,8 @@ class Attention(nn.Module):
         scalar = cfg.query_pre_attn_scalar
         self.q_scale = None if scalar is None or scalar == d else (d / scalar) ** 0.5
 
-    def forward(self, x: torch.Tensor, rope: Rope, ctx: AttentionContext) -> torch.Tensor:
-        qkv = self.qkv_proj(x)
+    def forward(self, x: torch.Tensor, rope: Rope, ctx: AttentionContext, prefill_rows: int = 0) -> torch.Tensor:
+        qkv = self.qkv_proj(x, prefill_rows)
         tokens, (q_size, kv_size, _) = qkv.shape[0], self.split_sizes
         if self.q_norm is None or self.k_norm is None:
             # Q and K lie side by side in the fused projection: one rotation for both heads.
@@ -91,7 +91,7 @@ class Attention(nn.Module):
         if self.q_scale is not None:
             q = q * self.q_scale
         v = qkv[:, q_size + kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
-        return self.o_proj(ctx.attend(self.layer_id, q, k, v))
+        return self.o_proj(ctx.attend(self.layer_id, q, k, v), prefill_rows)
 
 
 def mlp(cfg: ModelConfig, layer_id: int, tp: TPGroup | None) -> nn.Module:
@@ -127,21 +127,22 @@ class DecoderLayer(nn.Module):
         self.mlp = mlp(cfg, layer_id, tp)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None, rope: Rope, ctx: AttentionContext
+        self, x: torch.Tensor, residual: torch.Tensor | None, rope: Rope, ctx: AttentionContext, prefill_rows: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's MLP output, the residual stream before it): the caller adds the two, in
         the next layer's norm, so that each add and norm is one call. ``residual`` is None for the
-        first layer, whose input is the residual stream itself."""
+        first layer, whose input is the residual stream itself. The first ``prefill_rows`` rows are
+        prefill tokens (``Batch.prefill_tokens``)."""
         if residual is None:
             h, residual = self.input_layernorm(x), x
         else:
             h, residual = self.input_layernorm.add_forward(x, residual)
-        attn = self.self_attn(h, rope, ctx)
+        attn = self.self_attn(h, rope, ctx, prefill_rows)
         if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
             h, residual = self.post_attention_layernorm.add_forward(attn, residual)
-            return self.mlp(h), residual
+            return self.mlp(h, prefill_rows), residual
         h, residual = self.pre_feedforward_layernorm.add_forward(self.post_attention_layernorm(attn), residual)
-        return self.post_feedforward_layernorm(self.mlp(h)), residual
+        return self.post_feedforward_layernorm(self.mlp(h, prefill_rows)), residual
 
     def fused_weights(self) -> LayerWeights | None:
         """This layer for ``decode_layer.c``, if it is a kind it runs: a dense SwiGLU MLP, Llama's two
@@ -272,8 +273,14 @@ class DecoderForCausalLM(nn.Module):
         return kernels.fused_decoder([w for w in layers if w is not None])
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, logit_rows: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: AttentionContext,
+        logit_rows: torch.Tensor,
+        prefill_rows: int = 0,
     ) -> torch.Tensor:
+        """Logits of ``logit_rows``; the first ``prefill_rows`` tokens are prefill tokens (``Batch.prefill_tokens``)."""
         x = self.model.embed(input_ids)
         ropes = self.model.ropes(positions, x.dtype)
         fused, paged = self._fused_decoder, ctx.paged
@@ -286,7 +293,7 @@ class DecoderForCausalLM(nn.Module):
         else:
             residual = None
             for layer, rope in zip(self.model.layers, ropes):
-                x, residual = layer(x, residual, rope, ctx)
+                x, residual = layer(x, residual, rope, ctx, prefill_rows)
         # The final norm and LM head are per row: compute them only where a token is sampled.
         assert residual is not None, "a model has at least one layer"
         logits = self.lm_head(self.model.norm.add_forward(x[logit_rows], residual[logit_rows])[0])

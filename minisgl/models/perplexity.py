@@ -57,7 +57,7 @@ def _extend_batch(start: int, n: int, device: torch.device) -> Batch:
     return Batch(
         attention=AttentionKind.EXTEND, input_ids=torch.zeros(n, dtype=torch.int64, device=device),
         positions=positions, out_slots=positions, table_rows=torch.tensor([0]), prefix_lens=torch.tensor([start]),
-        extend_lens=torch.tensor([n]), sample_rows=torch.arange(n, device=device),
+        extend_lens=torch.tensor([n]), sample_rows=torch.arange(n, device=device), prefill_tokens=n,
     )  # fmt: skip
 
 
@@ -76,7 +76,7 @@ def sequence_logits(
         piece = ids[start : start + chunk]
         positions = torch.arange(start, start + len(piece), device=device)
         ctx = sequence if prepare is None else prepare(_extend_batch(start, len(piece), device))
-        pieces.append(model(piece, positions, ctx, torch.arange(len(piece), device=device)).float())
+        pieces.append(model(piece, positions, ctx, torch.arange(len(piece), device=device), len(piece)).float())
     return torch.cat(pieces)
 
 

@@ -3,7 +3,7 @@
 Each message is a fixed-size int64 header over the control group (ranks 1..N-1 block on it while rank
 0 idles), then for a forward pass one int64 payload over the default group, on the device:
 
-    header   [op, attention kind, requests R, tokens T, sampled rows L, page-table entries E]
+    header   [op, attention kind, requests R, tokens T, sampled rows L, page-table entries E, prefill tokens]
     payload  input_ids[T] positions[T] out_slots[T] sample_rows[L] table_rows[R] prefix_lens[R]
              extend_lens[R] page-table entries[E] (window-table entries[E])
 
@@ -27,7 +27,7 @@ from minisgl.engine.engine import Engine
 from minisgl.parallel.rendezvous import COLLECTIVE_TIMEOUT_S
 
 OP_FORWARD, OP_CHECK, OP_SHUTDOWN = 1, 2, 3
-HEADER_LEN = 6
+HEADER_LEN = 7
 REPORT_FIELDS = ("kv_heads", "num_slots", "slots_written", "written_checksum", "steps", "tokens")
 
 
@@ -49,7 +49,9 @@ class BatchSync:
     def send_batch(self, batch: Batch) -> None:
         kv_lens = batch.kv_lens
         tokens, sampled = batch.input_ids.numel(), batch.sample_rows.numel()
-        self._send_header(OP_FORWARD, batch.attention.value, batch.num_reqs, tokens, sampled, int(kv_lens.sum()))
+        self._send_header(
+            OP_FORWARD, batch.attention.value, batch.num_reqs, tokens, sampled, int(kv_lens.sum()), batch.prefill_tokens
+        )
         meta = torch.cat([batch.table_rows, batch.prefix_lens, batch.extend_lens]).to(self.device)
         r_idx, c_idx = self._table_index(meta[: batch.num_reqs], kv_lens.to(self.device))
         entries = [table[r_idx, c_idx] for table in self.tables]
@@ -87,7 +89,7 @@ class BatchSync:
         while True:
             header = torch.zeros(HEADER_LEN, dtype=torch.int64)
             dist.broadcast(header, 0, group=self.tp.control)
-            op, attention, num_reqs, tokens, sampled, entries = header.tolist()
+            op, attention, num_reqs, tokens, sampled, entries, prefill_tokens = header.tolist()
             if op == OP_SHUTDOWN:
                 return None
             if op == OP_CHECK:
@@ -104,8 +106,9 @@ class BatchSync:
                 table[index] = value
             self._record(out_slots)
             return Batch(
-                AttentionKind(attention), input_ids, positions, out_slots, rows.cpu(), prefix_lens.cpu(), extend_lens.cpu(), sample_rows
-            )
+                AttentionKind(attention), input_ids, positions, out_slots, rows.cpu(), prefix_lens.cpu(), extend_lens.cpu(),
+                sample_rows, prefill_tokens=prefill_tokens,
+            )  # fmt: skip
 
     # -- both --------------------------------------------------------------------------------------
     def _send_header(self, *fields: int, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:

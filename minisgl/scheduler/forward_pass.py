@@ -82,5 +82,6 @@ class ForwardPass:
             extend_lens=torch.tensor(query_lens, dtype=torch.int64),
             sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=device),
             sampling=rows,
+            prefill_tokens=sum(prefill_lens),
         )
         return cls(batch, reqs, extend_lens, sampled, prefills, sum(prefill_lens), sum(decode_lens), drafts)

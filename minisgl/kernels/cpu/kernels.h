@@ -67,9 +67,14 @@ typedef struct {
     int threads;
 } Step;
 
-// The instruction set this library's SIMD bodies were compiled for: "avx512", "avxvnni", "avx2", or
-// "scalar" (the references only).
+// The instruction set this library's SIMD bodies were compiled for: "amx", "avx512", "avxvnni", "avx2",
+// or "scalar" (the references only).
 const char *kernels_variant(void);
+
+// Asks the OS for what this library's instructions need before their first use (bf16_gemm.c): with AMX,
+// Linux's permission for the tile state (arch_prctl(ARCH_REQ_XCOMP_PERM)), without which the first tile
+// instruction dies with SIGILL. KERNELS_NO_INSTRUCTIONS where it is refused; KERNELS_OK elsewhere.
+int kernels_prepare(void);
 
 // The quantized products at every row count (quant_gemm.c): x [rows, K] fp32 rounded to `digits` int8
 // digits (1 or 2) per group of 32 columns, y [rows, N] fp32.
@@ -81,6 +86,17 @@ int int8_gemm(const float *x, int digits, int64_t rows, int64_t K, const int8_t 
               float *y, int threads);
 int int8_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const int8_t *codes, const float *scale,
                   int64_t N, float *y);
+
+// The same products with x rounded to bf16 and the weight dequantized to bf16, summed in fp32 on the
+// tile unit (bf16_gemm.c): the prompt tokens' rows with the amx build; KERNELS_NO_INSTRUCTIONS in others.
+int int4_gemm_bf16(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+                   const uint16_t *minimum, int64_t N, float *y, int threads);
+int int4_gemm_bf16_ref(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+                       const uint16_t *minimum, int64_t N, float *y);
+int int8_gemm_bf16(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
+                   float *y, int threads);
+int int8_gemm_bf16_ref(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
+                       float *y);
 
 // The slots and lengths are checked against `slots` (the pool's) and `stride` before anything is written.
 int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,

@@ -222,12 +222,12 @@ typedef struct {
     float *out;
 } Head;
 
-BF16 static void attend_block(const Head *a, int64_t first, uint16_t *query, float *scores, uint16_t *weights,
-                              int64_t ld) {
-    const int64_t d = a->d, last_row = min64(first + ROWS, a->rows) - 1;
-    float *out[ROWS];
-    int64_t seen[ROWS];
-    for (int r = 0; r < ROWS; r++) {
+// A block's `count` rows from `first`: their queries in bf16 into `query` [count, d], where each one's
+// output goes (NULL for the rows past the last, which repeat it) and how many keys each sees.
+BF16 static void block_rows_of(const Head *a, int64_t first, int count, uint16_t *query, float **out,
+                               int64_t *seen) {
+    const int64_t d = a->d, last_row = min64(first + count, a->rows) - 1;
+    for (int r = 0; r < count; r++) {
         const int64_t row = min64(first + r, last_row), t = row / a->group;
         const int64_t head = a->h * a->group + row % a->group;
         const float *q = a->q + ((a->token0 + t) * a->heads + head) * d;
@@ -236,6 +236,14 @@ BF16 static void attend_block(const Head *a, int64_t first, uint16_t *query, flo
         out[r] = first + r <= last_row ? a->out + ((a->token0 + t) * a->heads + head) * d : NULL;
         seen[r] = a->prefix + t + 1;
     }
+}
+
+BF16 static void attend_block(const Head *a, int64_t first, uint16_t *query, float *scores, uint16_t *weights,
+                              int64_t ld) {
+    const int64_t d = a->d;
+    float *out[ROWS];
+    int64_t seen[ROWS];
+    block_rows_of(a, first, ROWS, query, out, seen);
     const int64_t keys = padded(seen[ROWS - 1]);  // the last row sees the most
     score_block(query, a->keys, d, keys, a->scale, scores, ld);
     float total[ROWS];
@@ -248,6 +256,88 @@ BF16 static void attend_block(const Head *a, int64_t first, uint16_t *query, flo
         for (; i < d; i += 16) sum_values_1(w, ld, a->values, d, i, pairs, total + g, out + g);
     }
 }
+
+#if defined(KERNELS_AMX)
+#define TILE_ROWS 16  // query rows of a block on the tile unit: a tile register's rows
+
+// A block's weighted sums of 64 dimensions from i, chunks (2 or 4) of 16 in the sum registers 0 ..
+// chunks - 1, stored and divided by each row's total into out[r] + i.
+#define SUMS_OUT(c)                                                                                 \
+    do {                                                                                            \
+        _tile_stored(c, sums, 16 * sizeof(float));                                                  \
+        for (int r = 0; r < TILE_ROWS; r++)                                                         \
+            if (out[r] != NULL)                                                                     \
+                _mm512_storeu_ps(out[r] + i + 16 * (c),                                             \
+                                 _mm512_mul_ps(_mm512_load_ps(sums + r * 16), _mm512_set1_ps(1.0f / total[r]))); \
+    } while (0)
+
+// attend_block's work for TILE_ROWS rows on the tile unit (AMX-BF16), head_dim a multiple of 32. The
+// packed keys are the layout a tile product takes (per block of 16 keys, 16 pairs of dimensions a
+// 32-dimension step), as are the packed values (per 16 pairs of keys, each row 16 dimensions x 2): the
+// scores of 16 rows x 32 keys sum in two registers, the weighted sums of 16 rows x 64 dimensions in four.
+// A row's sums run over the same keys in the same steps of 32 whatever its block: keys past its own
+// weigh 0, and each row of a tile product is its own.
+BF16 static void attend_block_tiles(const Head *a, int64_t first, uint16_t *query, float *scores,
+                                    uint16_t *weights, int64_t ld) {
+    const int64_t d = a->d;
+    float *out[TILE_ROWS];
+    int64_t seen[TILE_ROWS];
+    block_rows_of(a, first, TILE_ROWS, query, out, seen);
+    const int64_t keys = padded(seen[TILE_ROWS - 1]);  // the last row sees the most
+    const size_t score_stride = sizeof(float) * (size_t)ld, weight_stride = sizeof(uint16_t) * (size_t)ld;
+    const __m512 s = _mm512_set1_ps(a->scale);
+    for (int64_t j = 0; j < keys; j += KEYS) {
+        const uint16_t *block = a->keys + j * d;  // keys j .. j + 15, then j + 16 .. j + 31
+        _tile_zero(0);
+        _tile_zero(1);
+        for (int64_t i = 0; i < d; i += 32) {
+            _tile_loadd(4, query + i, sizeof(uint16_t) * (size_t)d);
+            _tile_loadd(6, block + i * 16, 64);
+            _tile_loadd(7, block + 16 * d + i * 16, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+        }
+        _tile_stored(0, scores + j, score_stride);
+        _tile_stored(1, scores + j + 16, score_stride);
+        for (int r = 0; r < TILE_ROWS; r++) {  // scaled as score_block's
+            float *row = scores + r * ld + j;
+            _mm512_storeu_ps(row, _mm512_mul_ps(_mm512_loadu_ps(row), s));
+            _mm512_storeu_ps(row + 16, _mm512_mul_ps(_mm512_loadu_ps(row + 16), s));
+        }
+    }
+    float total[TILE_ROWS];
+    for (int r = 0; r < TILE_ROWS; r++) total[r] = weigh_row(scores + r * ld, seen[r], keys, weights + r * ld);
+    float sums[TILE_ROWS * 16] __attribute__((aligned(64)));
+    const size_t value_stride = sizeof(uint16_t) * 2 * (size_t)d;
+    for (int64_t i = 0; i < d; i += 64) {
+        const int four = d - i >= 64;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t j = 0; j < keys; j += KEYS) {
+            const uint16_t *pairs = a->values + j * d + 2 * i;  // key pairs j / 2 .., dimensions i ..
+            _tile_loadd(4, weights + j, weight_stride);
+            _tile_loadd(5, pairs, value_stride);
+            _tile_dpbf16ps(0, 4, 5);
+            _tile_loadd(6, pairs + 32, value_stride);
+            _tile_dpbf16ps(1, 4, 6);
+            if (four) {
+                _tile_loadd(7, pairs + 64, value_stride);
+                _tile_dpbf16ps(2, 4, 7);
+                _tile_loadd(5, pairs + 96, value_stride);
+                _tile_dpbf16ps(3, 4, 5);
+            }
+        }
+        SUMS_OUT(0);
+        SUMS_OUT(1);
+        if (four) {
+            SUMS_OUT(2);
+            SUMS_OUT(3);
+        }
+    }
+}
+#endif
 
 int prefill_attention(const float *q, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d,
                       const uint16_t *k_pool, const uint16_t *v_pool, int64_t slots, const int64_t *kv_slots,
@@ -282,19 +372,28 @@ int prefill_attention(const float *q, int64_t tokens, int64_t heads, int64_t kv_
         kept[b] = same / 2 * 2;
     }
     const int64_t group = heads / kv_heads;
+#if defined(KERNELS_AMX)
+    const int tiles = d % 32 == 0;  // the tile unit's blocks (a tile register's row is 32 bf16)
+    const int64_t block_rows = tiles ? TILE_ROWS : ROWS;
+#else
+    const int64_t block_rows = ROWS;
+#endif
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        // Each thread's block: its bf16 queries [ROWS, d], scores [ROWS, ld] and weights [ROWS, ld].
+        // Each thread's block: its bf16 queries [rows, d], scores [rows, ld] and weights [rows, ld].
         static _Thread_local Scratch scratch;
         const size_t per_row = sizeof(uint16_t) * (size_t)d + (sizeof(float) + sizeof(uint16_t)) * (size_t)ld;
-        uint16_t *query = scratch_reserve(&scratch, ROWS * per_row);
+        uint16_t *query = scratch_reserve(&scratch, (size_t)block_rows * per_row);
         if (query == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
-        float *scores = (float *)(query + ROWS * d);
-        uint16_t *weights = (uint16_t *)(scores + ROWS * ld);
+        float *scores = (float *)(query + block_rows * d);
+        uint16_t *weights = (uint16_t *)(scores + block_rows * ld);
+#if defined(KERNELS_AMX)
+        if (tiles) tiles_configure();
+#endif
         for (int64_t h0 = 0; h0 < kv_heads; h0 += round_heads) {
             const int64_t h1 = min64(h0 + round_heads, kv_heads);
             for (int64_t b = 0; b < batch; b++) {
@@ -303,18 +402,28 @@ int prefill_attention(const float *q, int64_t tokens, int64_t heads, int64_t kv_
 #pragma omp for schedule(static)
                 for (int64_t j = kept[b]; j < padded(n); j += 2)
                     pack_pair(k_pool, v_pool, slots_b, kv_heads, h0, h1, d, n, j, ld, packed_keys, packed_values);
-                const int64_t rows = new_lens[b] * group, blocks = (rows + ROWS - 1) / ROWS;
+                const int64_t rows = new_lens[b] * group, blocks = (rows + block_rows - 1) / block_rows;
                 // Head after head, each one's largest blocks first: the later rows see more keys.
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t task = 0; task < (h1 - h0) * blocks; task++) {
                     const int64_t h = h0 + task / blocks;
                     const Head head = {q, heads, group, d, h, q_starts[b], prefix_lens[b], rows, scale,
                                        packed_keys + (h - h0) * ld * d, packed_values + (h - h0) * ld * d, out};
-                    const int64_t first = (blocks - 1 - task % blocks) * ROWS;
-                    if (query != NULL) attend_block(&head, first, query, scores, weights, ld);
+                    const int64_t first = (blocks - 1 - task % blocks) * block_rows;
+                    if (query == NULL) continue;
+#if defined(KERNELS_AMX)
+                    if (tiles) {
+                        attend_block_tiles(&head, first, query, scores, weights, ld);
+                        continue;
+                    }
+#endif
+                    attend_block(&head, first, query, scores, weights, ld);
                 }
             }
         }
+#if defined(KERNELS_AMX)
+        if (tiles) _tile_release();
+#endif
     }
     free(kept);
     return failed ? KERNELS_NO_MEMORY : KERNELS_OK;

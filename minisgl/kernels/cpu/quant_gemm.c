@@ -41,8 +41,6 @@
 #include "kernels.h"
 #include "simd.h"
 
-#define GROUP 32
-#define TILE 16        // output rows per tile of the weight
 // The loops' blocking, by design from the cache sizes; prefill and decode speed with them:
 // benchmarks.prefill_speed and benchmarks.decode_per_byte.
 #define GEMM_ROWS 8    // rows of x per register tile
@@ -113,13 +111,6 @@ static int round_rows(RoundRow round_row, const float *x, int digits, int64_t ro
     return KERNELS_OK;
 }
 
-// The 4-bit code of row o, column k (the layout above).
-static inline int int4_code_at(const uint8_t *codes, int64_t K, int64_t o, int64_t k) {
-    const int64_t g = k / GROUP, c = k % GROUP;
-    const uint8_t byte = codes[((o / TILE * (K / GROUP) + g) * 4 + (c % 16) / 4) * 4 * TILE + o % TILE * 4 + c % 4];
-    return c < 16 ? byte & 0x0F : byte >> 4;
-}
-
 int int4_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const uint8_t *codes,
                   const uint16_t *scale, const uint16_t *minimum, int64_t N, float *y) {
     if (K % GROUP || (digits != 1 && digits != 2)) return KERNELS_BAD_SHAPE;
@@ -146,11 +137,6 @@ int int4_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const uin
         }
     free(scratch.data);
     return KERNELS_OK;
-}
-
-// The 8-bit code of row o, column k (the layout above).
-static inline int int8_code_at(const int8_t *codes, int64_t K, int64_t o, int64_t k) {
-    return codes[((o / TILE * (K / GROUP) + k / GROUP) * 8 + k % GROUP / 4) * 4 * TILE + o % TILE * 4 + k % 4];
 }
 
 int int8_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const int8_t *codes,

@@ -11,7 +11,12 @@
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__) && defined(__FMA__) && defined(__F16C__)
 #define KERNELS_AVX512 1
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define KERNELS_AMX 1  // the AVX-512 bodies, and prefill rows' products on the tile unit (bf16_gemm.c)
+#define KERNELS_VARIANT "amx"
+#else
 #define KERNELS_VARIANT "avx512"
+#endif
 #elif defined(__x86_64__) && defined(__AVXVNNI__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define KERNELS_AVX256 1
 #define KERNELS_AVXVNNI 1
@@ -27,7 +32,44 @@
 #include <immintrin.h>
 #endif
 
+#if defined(KERNELS_AMX)
+// The tile registers as bf16_gemm.c and prefill_attention.c use them: all eight 16 rows of 64 bytes
+// (sums: 16 x 16 fp32; operands: 16 x 32 bf16, or 16 pairs of rows x 16 columns x 2). Each thread sets
+// its own before its first tile instruction and releases them after its last.
+typedef struct __attribute__((aligned(64))) {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t columns[16];  // bytes per row of each tile register
+    uint8_t rows[16];
+    uint8_t unused[16];
+} TileConfig;
+
+static inline void tiles_configure(void) {
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) c.rows[t] = 16, c.columns[t] = 64;
+    _tile_loadconfig(&c);
+}
+#endif
+
+// The quantized weights' formats (kernels.h's Int4, Int8): tiles of 16 output rows, groups of 32 columns.
+enum { TILE = 16, GROUP = 32 };
+
+// The 4-bit code of row o, column k of an int4 weight's tiles (kernels.h's Int4), for the references.
+static inline int int4_code_at(const uint8_t *codes, int64_t K, int64_t o, int64_t k) {
+    const int64_t g = k / GROUP, c = k % GROUP;
+    const uint8_t byte = codes[((o / TILE * (K / GROUP) + g) * 4 + (c % 16) / 4) * 4 * TILE + o % TILE * 4 + c % 4];
+    return c < 16 ? byte & 0x0F : byte >> 4;
+}
+
+// The 8-bit code of row o, column k of an int8 weight's tiles (kernels.h's Int8), for the references.
+static inline int int8_code_at(const int8_t *codes, int64_t K, int64_t o, int64_t k) {
+    return codes[((o / TILE * (K / GROUP) + k / GROUP) * 8 + k % GROUP / 4) * 4 * TILE + o % TILE * 4 + k % 4];
+}
+
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 static inline size_t round64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 

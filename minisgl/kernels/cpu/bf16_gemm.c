@@ -1,0 +1,297 @@
+// The prefill rows' quantized products on AMX-BF16 (the amx build: Sapphire Rapids and later), as vLLM's and
+// llama.cpp's CPU prefill run on the tile unit: y [rows, N] = x [rows, K] W^T with x rounded to bf16 and the
+// weight dequantized to bf16 (int4: code * scale + minimum in one fma, int8: code * scale, then rounded),
+// the products summed in fp32 over all K. quant_gemm.c's integer kernels apply each group's scales to each
+// group's sums in fp32: next to 16 x 16 x 32 tile products that float work would be most of a product's
+// time, where here the sums stay in the tile registers. The engine runs the prefill rows here and every
+// decode row in quant_gemm.c, so each row's arithmetic is fixed by what it is, never by what shares its
+// pass; a row's sums are in the same order whatever the other rows (each output is its own chain of tile
+// products).
+//
+// Blocking: the rows of x in chunks (CHUNK_ROWS), each against the whole weight; per chunk, K in spans
+// whose x (the chunk's rows, bf16) stays in L2; per span, each thread takes its pairs of the weight's tiles
+// (32 output rows), dequantizes a pair's span once into the tile layout (per group of 32 columns, 16 rows
+// of 16 outputs x 2 columns: the bf16 pairs the tile instruction takes) and runs every two blocks of 16
+// rows of x against it: 4 sum registers (2 x 2 blocks of 16 x 16), 2 of x, 2 of the weight. The sums go
+// to y between spans and come back (fp32: exact).
+
+#define _GNU_SOURCE  // syscall(): Linux's permission for the tile state (kernels_prepare)
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+
+#include "kernels.h"
+#include "simd.h"
+
+#if defined(KERNELS_AMX)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+int kernels_prepare(void) {
+#if defined(KERNELS_AMX)
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };  // Linux's asm/prctl.h (5.16 and later)
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? KERNELS_OK
+                                                                                : KERNELS_NO_INSTRUCTIONS;
+#else
+    return KERNELS_OK;
+#endif
+}
+
+#define SPAN_X_BYTES (1 << 20)  // x's bytes per span: in L2 beside a thread's dequantized pair
+// Rows of x per pass over the weight, at least: more would make each span's sums (rows x N fp32) go to
+// memory and back. Where one span holds all of K (a small K) a chunk takes as many rows as fit it, since
+// each chunk dequantizes the weight anew (docs/benchmarks/session29-spr/tile_ab.py).
+#define CHUNK_ROWS 256
+
+static float int4_weight_at(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K,
+                            int64_t o, int64_t k) {
+    const int64_t at = (o / TILE * (K / GROUP) + k / GROUP) * TILE + o % TILE;
+    return fmaf((float)int4_code_at(codes, K, o, k), float_of_fp16(scale[at]), float_of_fp16(minimum[at]));
+}
+
+static float int8_weight_at(const int8_t *codes, const float *scale, int64_t K, int64_t o, int64_t k) {
+    return (float)int8_code_at(codes, K, o, k) * scale[o];
+}
+
+// The references: the same roundings, the sums in column order.
+static int gemm_bf16_ref(const float *x, int64_t rows, int64_t K, const void *codes, const void *scale,
+                         const uint16_t *minimum, int64_t N, float *y) {
+    if (K % GROUP) return KERNELS_BAD_SHAPE;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t o = 0; o < N; o++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < K; k++) {
+                const float w = minimum != NULL ? int4_weight_at(codes, scale, minimum, K, o, k)
+                                                : int8_weight_at(codes, scale, K, o, k);
+                acc = fmaf(float_of_bf16(bf16_of(x[r * K + k])), float_of_bf16(bf16_of(w)), acc);
+            }
+            y[r * N + o] = acc;
+        }
+    return KERNELS_OK;
+}
+
+int int4_gemm_bf16_ref(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+                       const uint16_t *minimum, int64_t N, float *y) {
+    return gemm_bf16_ref(x, rows, K, codes, scale, minimum, N, y);
+}
+
+int int8_gemm_bf16_ref(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
+                       float *y) {
+    return gemm_bf16_ref(x, rows, K, codes, scale, NULL, N, y);
+}
+
+#if defined(KERNELS_AMX)
+
+#define BLOCK 16                             // rows of a tile register: of x, of sums
+#define PAIR_BYTES (GROUP * TILE * 2)        // one group of one tile, dequantized: 16 rows of 64 bytes
+
+// Codes [16 outputs x 4] as bytes (of 4 consecutive columns c0 .. c0 + 3, unsigned or signed), with the
+// outputs' scales and minimums (zeros for int8) as fp32, into the two tile rows of column pairs c0 / 2 and
+// c0 / 2 + 1.
+static inline void dequantize_quads(__m512i quads, int is_signed, __m512 scale_lo, __m512 scale_hi, __m512 min_lo,
+                                    __m512 min_hi, uint8_t *out) {
+    // Words 0, 2, .. 30 are each output's first pair, 1, 3, .. 31 its second.
+    const __m512i split = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1,
+                                           30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i pairs = _mm512_permutexvar_epi16(split, quads);
+    for (int half = 0; half < 2; half++) {  // the first pairs, then the second ones
+        const __m128i lo = _mm512_extracti32x4_epi32(pairs, 2 * half), hi = _mm512_extracti32x4_epi32(pairs, 2 * half + 1);
+        const __m512i wide_lo = is_signed ? _mm512_cvtepi8_epi32(lo) : _mm512_cvtepu8_epi32(lo);
+        const __m512i wide_hi = is_signed ? _mm512_cvtepi8_epi32(hi) : _mm512_cvtepu8_epi32(hi);
+        const __m512 w_lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(wide_lo), scale_lo, min_lo);  // outputs 0-7
+        const __m512 w_hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(wide_hi), scale_hi, min_hi);  // outputs 8-15
+        _mm512_store_si512(out + half * 64, (__m512i)_mm512_cvtne2ps_pbh(w_hi, w_lo));
+    }
+}
+
+// Tile t's groups g0 .. g1 dequantized into out: per group 16 tile rows (column pairs) of 16 outputs.
+// A tile past the weight's last (an odd count's pair) is zeros.
+static void dequantize_tile(int bits, const void *codes, const void *scale, const uint16_t *minimum, int64_t K,
+                            int64_t tiles, int64_t t, int64_t g0, int64_t g1, uint8_t *out) {
+    if (t >= tiles) {
+        memset(out, 0, (size_t)((g1 - g0) * PAIR_BYTES));
+        return;
+    }
+    const int64_t groups = K / GROUP;
+    // Lane 2i and 2i + 1 of the fp32 vectors: output i (of 0-7, or of 8-15).
+    const __m512i repeat_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i repeat_hi = _mm512_add_epi32(repeat_lo, _mm512_set1_epi32(8));
+    __m512 row_scale = _mm512_setzero_ps();
+    if (bits == 8) row_scale = _mm512_loadu_ps((const float *)scale + t * TILE);
+    for (int64_t g = g0; g < g1; g++, out += PAIR_BYTES) {
+        const int64_t at = (t * groups + g) * TILE;
+        __m512 s, m = _mm512_setzero_ps();
+        if (bits == 4) {
+            s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)scale + at)));
+            m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(minimum + at)));
+        } else {
+            s = row_scale;
+        }
+        const __m512 s_lo = _mm512_permutexvar_ps(repeat_lo, s), s_hi = _mm512_permutexvar_ps(repeat_hi, s);
+        const __m512 m_lo = _mm512_permutexvar_ps(repeat_lo, m), m_hi = _mm512_permutexvar_ps(repeat_hi, m);
+        if (bits == 4) {  // vector i: columns 4i .. 4i + 3 in the low nibbles, 16 + 4i .. in the high ones
+            const uint8_t *group = (const uint8_t *)codes + (t * groups + g) * 4 * 4 * TILE;
+            const __m512i nibble = _mm512_set1_epi8(0x0F);
+            for (int i = 0; i < 4; i++) {
+                const __m512i v = _mm512_loadu_si512(group + i * 4 * TILE);
+                dequantize_quads(_mm512_and_si512(v, nibble), 0, s_lo, s_hi, m_lo, m_hi, out + i * 128);
+                dequantize_quads(_mm512_and_si512(_mm512_srli_epi16(v, 4), nibble), 0, s_lo, s_hi, m_lo, m_hi,
+                                 out + (4 + i) * 128);
+            }
+        } else {  // vector i: columns 4i .. 4i + 3
+            const int8_t *group = (const int8_t *)codes + (t * groups + g) * 8 * 4 * TILE;
+            for (int i = 0; i < 8; i++)
+                dequantize_quads(_mm512_loadu_si512(group + i * 4 * TILE), 1, s_lo, s_hi, m_lo, m_hi, out + i * 128);
+        }
+    }
+}
+
+// The 32 x 32 block of sums at rows r0.., tiles t, t + 1 (outputs 16 t ..) moves between the tile
+// registers and y: in place where it lies inside y, else through `edge` (the valid part copied).
+static void block_load(const float *y, int64_t rows, int64_t N, int64_t r0, int64_t o0, float *edge) {
+    if (r0 + 2 * BLOCK <= rows && o0 + 2 * TILE <= N) {
+        const float *at = y + r0 * N + o0;
+        const size_t stride = sizeof(float) * (size_t)N;
+        _tile_loadd(0, at, stride);
+        _tile_loadd(1, at + TILE, stride);
+        _tile_loadd(2, at + BLOCK * N, stride);
+        _tile_loadd(3, at + BLOCK * N + TILE, stride);
+        return;
+    }
+    memset(edge, 0, sizeof(float) * 4 * BLOCK * TILE);
+    for (int64_t r = 0; r < min64(2 * BLOCK, rows - r0); r++)
+        memcpy(edge + r * 2 * TILE, y + (r0 + r) * N + o0, sizeof(float) * (size_t)min64(2 * TILE, N - o0));
+    const size_t stride = sizeof(float) * 2 * TILE;
+    _tile_loadd(0, edge, stride);
+    _tile_loadd(1, edge + TILE, stride);
+    _tile_loadd(2, edge + BLOCK * 2 * TILE, stride);
+    _tile_loadd(3, edge + BLOCK * 2 * TILE + TILE, stride);
+}
+
+static void block_store(float *y, int64_t rows, int64_t N, int64_t r0, int64_t o0, float *edge) {
+    if (r0 + 2 * BLOCK <= rows && o0 + 2 * TILE <= N) {
+        float *at = y + r0 * N + o0;
+        const size_t stride = sizeof(float) * (size_t)N;
+        _tile_stored(0, at, stride);
+        _tile_stored(1, at + TILE, stride);
+        _tile_stored(2, at + BLOCK * N, stride);
+        _tile_stored(3, at + BLOCK * N + TILE, stride);
+        return;
+    }
+    const size_t stride = sizeof(float) * 2 * TILE;
+    _tile_stored(0, edge, stride);
+    _tile_stored(1, edge + TILE, stride);
+    _tile_stored(2, edge + BLOCK * 2 * TILE, stride);
+    _tile_stored(3, edge + BLOCK * 2 * TILE + TILE, stride);
+    for (int64_t r = 0; r < min64(2 * BLOCK, rows - r0); r++)
+        memcpy(y + (r0 + r) * N + o0, edge + r * 2 * TILE, sizeof(float) * (size_t)min64(2 * TILE, N - o0));
+}
+
+// A chunk of rows of x against the whole weight, y [rows, N].
+static int chunk_bf16(int bits, const float *x, int64_t rows, int64_t K, const void *codes, const void *scale,
+                      const uint16_t *minimum, int64_t N, float *y, int threads) {
+    const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE, pairs = (tiles + 1) / 2;
+    const int64_t padded = (rows + 2 * BLOCK - 1) / (2 * BLOCK) * (2 * BLOCK);
+    // x in bf16 as the tile registers take it: per block of 16 rows and group, 16 rows of 32 columns
+    // (1 KB, one load); the rows past `rows` zeros.
+    static _Thread_local Scratch x_scratch;
+    uint16_t *xb = scratch_reserve(&x_scratch, sizeof(uint16_t) * (size_t)(padded * K));
+    if (xb == NULL) return KERNELS_NO_MEMORY;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < padded; r++)
+        for (int64_t g = 0; g < groups; g++) {
+            uint16_t *out = xb + ((r / BLOCK * groups + g) * BLOCK + r % BLOCK) * GROUP;
+            for (int half = 0; half < 2; half++) {
+                const __m512 v = r < rows ? _mm512_loadu_ps(x + r * K + g * GROUP + half * 16) : _mm512_setzero_ps();
+                _mm256_store_si256((__m256i *)(out + half * 16), (__m256i)_mm512_cvtneps_pbh(v));
+            }
+        }
+    const int64_t span_groups = max64(1, min64(groups, SPAN_X_BYTES / (padded * GROUP * (int64_t)sizeof(uint16_t))));
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        static _Thread_local Scratch pair_scratch;
+        uint8_t *pair = scratch_reserve(&pair_scratch, (size_t)(2 * span_groups * PAIR_BYTES));
+        float edge[4 * BLOCK * TILE] __attribute__((aligned(64)));
+        const int thread = omp_get_thread_num(), count = omp_get_num_threads();
+        const int64_t p0 = pairs * thread / count, p1 = pairs * (thread + 1) / count;
+        if (pair == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+            tiles_configure();
+            for (int64_t g0 = 0; g0 < groups; g0 += span_groups) {
+                const int64_t g1 = min64(g0 + span_groups, groups), length = g1 - g0;
+                for (int64_t p = p0; p < p1; p++) {
+                    uint8_t *second = pair + length * PAIR_BYTES;
+                    dequantize_tile(bits, codes, scale, minimum, K, tiles, 2 * p, g0, g1, pair);
+                    dequantize_tile(bits, codes, scale, minimum, K, tiles, 2 * p + 1, g0, g1, second);
+                    for (int64_t r0 = 0; r0 < padded; r0 += 2 * BLOCK) {
+                        if (g0 == 0) {
+                            _tile_zero(0);
+                            _tile_zero(1);
+                            _tile_zero(2);
+                            _tile_zero(3);
+                        } else {
+                            block_load(y, rows, N, r0, 2 * p * TILE, edge);
+                        }
+                        const uint16_t *x0 = xb + r0 * K, *x1 = x0 + BLOCK * K;  // two blocks of rows
+                        for (int64_t g = g0; g < g1; g++) {
+                            _tile_loadd(4, x0 + g * BLOCK * GROUP, 64);
+                            _tile_loadd(5, x1 + g * BLOCK * GROUP, 64);
+                            _tile_loadd(6, pair + (g - g0) * PAIR_BYTES, 64);
+                            _tile_loadd(7, second + (g - g0) * PAIR_BYTES, 64);
+                            _tile_dpbf16ps(0, 4, 6);
+                            _tile_dpbf16ps(1, 4, 7);
+                            _tile_dpbf16ps(2, 5, 6);
+                            _tile_dpbf16ps(3, 5, 7);
+                        }
+                        block_store(y, rows, N, r0, 2 * p * TILE, edge);
+                    }
+                }
+            }
+            _tile_release();
+        }
+    }
+    return failed ? KERNELS_NO_MEMORY : KERNELS_OK;
+}
+
+static int gemm_bf16(int bits, const float *x, int64_t rows, int64_t K, const void *codes, const void *scale,
+                     const uint16_t *minimum, int64_t N, float *y, int threads) {
+    if (K % GROUP) return KERNELS_BAD_SHAPE;
+    const int64_t whole_k = SPAN_X_BYTES / (K * (int64_t)sizeof(uint16_t)) / (2 * BLOCK) * (2 * BLOCK);
+    const int64_t chunk = max64(CHUNK_ROWS, whole_k);
+    for (int64_t r = 0; r < rows; r += chunk) {
+        const int failed = chunk_bf16(bits, x + r * K, min64(chunk, rows - r), K, codes, scale, minimum, N,
+                                      y + r * N, threads);
+        if (failed) return failed;
+    }
+    return KERNELS_OK;
+}
+
+int int4_gemm_bf16(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+                   const uint16_t *minimum, int64_t N, float *y, int threads) {
+    return gemm_bf16(4, x, rows, K, codes, scale, minimum, N, y, threads);
+}
+
+int int8_gemm_bf16(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
+                   float *y, int threads) {
+    return gemm_bf16(8, x, rows, K, codes, scale, NULL, N, y, threads);
+}
+
+#else  // no tile unit: the engine never calls these here
+
+int int4_gemm_bf16(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+                   const uint16_t *minimum, int64_t N, float *y, int threads) {
+    (void)x, (void)rows, (void)K, (void)codes, (void)scale, (void)minimum, (void)N, (void)y, (void)threads;
+    return KERNELS_NO_INSTRUCTIONS;
+}
+
+int int8_gemm_bf16(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
+                   float *y, int threads) {
+    (void)x, (void)rows, (void)K, (void)codes, (void)scale, (void)N, (void)y, (void)threads;
+    return KERNELS_NO_INSTRUCTIONS;
+}
+
+#endif
