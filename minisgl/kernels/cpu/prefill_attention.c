@@ -14,7 +14,8 @@
 // block's scores for all the keys it sees (a two-pass softmax, no rescaling), its weights rounded to
 // bf16, then the weighted values. A row sees the same keys in the same order whatever the pass it is
 // in, so a token's attention is the same, bit for bit, in one pass or chunked, with its prefix cached
-// or not, alone or beside requests that share it.
+// or not, alone or beside requests that share it. The amx build runs blocks of 16 rows as AMX-BF16 tile
+// products instead (attend_block_tiles), on the same packed keys and values, with the same guarantees.
 
 #include <math.h>
 #include <stdint.h>
