@@ -106,8 +106,8 @@ class BatchSync:
                 table[index] = value
             self._record(out_slots)
             return Batch(
-                AttentionKind(attention), input_ids, positions, out_slots, rows.cpu(), prefix_lens.cpu(), extend_lens.cpu(),
-                sample_rows, prefill_tokens=prefill_tokens,
+                AttentionKind(attention), input_ids, positions, out_slots, rows.cpu(), prefix_lens.cpu(),
+                extend_lens.cpu(), sample_rows, prefill_tokens=prefill_tokens,
             )  # fmt: skip
 
     # -- both --------------------------------------------------------------------------------------

@@ -86,6 +86,17 @@ int int8_gemm_bf16_ref(const float *x, int64_t rows, int64_t K, const int8_t *co
 #define BLOCK 16                             // rows of a tile register: of x, of sums
 #define PAIR_BYTES (GROUP * TILE * 2)        // one group of one tile, dequantized: 16 rows of 64 bytes
 
+// One tile row: the bytes of one column pair for outputs 0-7 (lo) and 8-15 (hi), two codes an output,
+// times the outputs' scales plus their minimums (fp32, each output's twice), rounded to bf16.
+static inline void dequantize_row(__m128i lo, __m128i hi, int is_signed, __m512 scale_lo, __m512 scale_hi,
+                                  __m512 min_lo, __m512 min_hi, uint8_t *out) {
+    const __m512i wide_lo = is_signed ? _mm512_cvtepi8_epi32(lo) : _mm512_cvtepu8_epi32(lo);
+    const __m512i wide_hi = is_signed ? _mm512_cvtepi8_epi32(hi) : _mm512_cvtepu8_epi32(hi);
+    const __m512 w_lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(wide_lo), scale_lo, min_lo);
+    const __m512 w_hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(wide_hi), scale_hi, min_hi);
+    _mm512_store_si512(out, (__m512i)_mm512_cvtne2ps_pbh(w_hi, w_lo));
+}
+
 // Codes [16 outputs x 4] as bytes (of 4 consecutive columns c0 .. c0 + 3, unsigned or signed), with the
 // outputs' scales and minimums (zeros for int8) as fp32, into the two tile rows of column pairs c0 / 2 and
 // c0 / 2 + 1.
@@ -95,14 +106,10 @@ static inline void dequantize_quads(__m512i quads, int is_signed, __m512 scale_l
     const __m512i split = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1,
                                            30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     const __m512i pairs = _mm512_permutexvar_epi16(split, quads);
-    for (int half = 0; half < 2; half++) {  // the first pairs, then the second ones
-        const __m128i lo = _mm512_extracti32x4_epi32(pairs, 2 * half), hi = _mm512_extracti32x4_epi32(pairs, 2 * half + 1);
-        const __m512i wide_lo = is_signed ? _mm512_cvtepi8_epi32(lo) : _mm512_cvtepu8_epi32(lo);
-        const __m512i wide_hi = is_signed ? _mm512_cvtepi8_epi32(hi) : _mm512_cvtepu8_epi32(hi);
-        const __m512 w_lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(wide_lo), scale_lo, min_lo);  // outputs 0-7
-        const __m512 w_hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(wide_hi), scale_hi, min_hi);  // outputs 8-15
-        _mm512_store_si512(out + half * 64, (__m512i)_mm512_cvtne2ps_pbh(w_hi, w_lo));
-    }
+    dequantize_row(_mm512_extracti32x4_epi32(pairs, 0), _mm512_extracti32x4_epi32(pairs, 1), is_signed, scale_lo,
+                   scale_hi, min_lo, min_hi, out);
+    dequantize_row(_mm512_extracti32x4_epi32(pairs, 2), _mm512_extracti32x4_epi32(pairs, 3), is_signed, scale_lo,
+                   scale_hi, min_lo, min_hi, out + 64);
 }
 
 // Tile t's groups g0 .. g1 dequantized into out: per group 16 tile rows (column pairs) of 16 outputs.
