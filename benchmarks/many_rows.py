@@ -102,7 +102,8 @@ def main() -> None:
                         faster = "kernel" if t_kernel < t_many else "expansion"
                         print(
                             f"| {size} | {name} | {fmt} | {rows} | {t_c * 1e3:.2f} | {t_two * 1e3:.2f} | "
-                            f"{t_prefill * 1e3:.2f} | {t_kernel * 1e3:.2f} | {t_many * 1e3:.2f} | {t_bf16 * 1e3:.2f} | {t_fp32 * 1e3:.2f} | {faster} |",
+                            f"{t_prefill * 1e3:.2f} | {t_kernel * 1e3:.2f} | {t_many * 1e3:.2f} | {t_bf16 * 1e3:.2f} | "
+                            f"{t_fp32 * 1e3:.2f} | {faster} |",
                             flush=True,
                         )
     print(f"# load average at end: {load_average()}")

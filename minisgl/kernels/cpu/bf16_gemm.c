@@ -154,45 +154,45 @@ static void dequantize_tile(int bits, const void *codes, const void *scale, cons
     }
 }
 
-// The 32 x 32 block of sums at rows r0.., tiles t, t + 1 (outputs 16 t ..) moves between the tile
-// registers and y: in place where it lies inside y, else through `edge` (the valid part copied).
+// The 32 x 32 block of sums at rows r0 .., outputs o0 .. (two tiles) moves between the tile registers 0-3
+// and y: in place where it lies inside y, else through `edge` (the part inside y copied in and out).
+static int block_inside(int64_t rows, int64_t N, int64_t r0, int64_t o0) {
+    return r0 + 2 * BLOCK <= rows && o0 + 2 * TILE <= N;
+}
+
+static void copy_block(float *to, int64_t to_stride, const float *from, int64_t from_stride, int64_t rows,
+                       int64_t columns) {
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(to + r * to_stride, from + r * from_stride, sizeof(float) * (size_t)columns);
+}
+
+// op (_tile_loadd or _tile_stored) on the sum registers 0-3 and the block at `at`, `stride` floats a row.
+#define BLOCK_TILES(op, at, stride)                                               \
+    do {                                                                          \
+        const size_t bytes = sizeof(float) * (size_t)(stride);                    \
+        op(0, (at), bytes);                                                       \
+        op(1, (at) + TILE, bytes);                                                \
+        op(2, (at) + BLOCK * (stride), bytes);                                    \
+        op(3, (at) + BLOCK * (stride) + TILE, bytes);                             \
+    } while (0)
+
 static void block_load(const float *y, int64_t rows, int64_t N, int64_t r0, int64_t o0, float *edge) {
-    if (r0 + 2 * BLOCK <= rows && o0 + 2 * TILE <= N) {
-        const float *at = y + r0 * N + o0;
-        const size_t stride = sizeof(float) * (size_t)N;
-        _tile_loadd(0, at, stride);
-        _tile_loadd(1, at + TILE, stride);
-        _tile_loadd(2, at + BLOCK * N, stride);
-        _tile_loadd(3, at + BLOCK * N + TILE, stride);
+    if (block_inside(rows, N, r0, o0)) {
+        BLOCK_TILES(_tile_loadd, y + r0 * N + o0, N);
         return;
     }
     memset(edge, 0, sizeof(float) * 4 * BLOCK * TILE);
-    for (int64_t r = 0; r < min64(2 * BLOCK, rows - r0); r++)
-        memcpy(edge + r * 2 * TILE, y + (r0 + r) * N + o0, sizeof(float) * (size_t)min64(2 * TILE, N - o0));
-    const size_t stride = sizeof(float) * 2 * TILE;
-    _tile_loadd(0, edge, stride);
-    _tile_loadd(1, edge + TILE, stride);
-    _tile_loadd(2, edge + BLOCK * 2 * TILE, stride);
-    _tile_loadd(3, edge + BLOCK * 2 * TILE + TILE, stride);
+    copy_block(edge, 2 * TILE, y + r0 * N + o0, N, min64(2 * BLOCK, rows - r0), min64(2 * TILE, N - o0));
+    BLOCK_TILES(_tile_loadd, edge, 2 * TILE);
 }
 
 static void block_store(float *y, int64_t rows, int64_t N, int64_t r0, int64_t o0, float *edge) {
-    if (r0 + 2 * BLOCK <= rows && o0 + 2 * TILE <= N) {
-        float *at = y + r0 * N + o0;
-        const size_t stride = sizeof(float) * (size_t)N;
-        _tile_stored(0, at, stride);
-        _tile_stored(1, at + TILE, stride);
-        _tile_stored(2, at + BLOCK * N, stride);
-        _tile_stored(3, at + BLOCK * N + TILE, stride);
+    if (block_inside(rows, N, r0, o0)) {
+        BLOCK_TILES(_tile_stored, y + r0 * N + o0, N);
         return;
     }
-    const size_t stride = sizeof(float) * 2 * TILE;
-    _tile_stored(0, edge, stride);
-    _tile_stored(1, edge + TILE, stride);
-    _tile_stored(2, edge + BLOCK * 2 * TILE, stride);
-    _tile_stored(3, edge + BLOCK * 2 * TILE + TILE, stride);
-    for (int64_t r = 0; r < min64(2 * BLOCK, rows - r0); r++)
-        memcpy(y + (r0 + r) * N + o0, edge + r * 2 * TILE, sizeof(float) * (size_t)min64(2 * TILE, N - o0));
+    BLOCK_TILES(_tile_stored, edge, 2 * TILE);
+    copy_block(y + r0 * N + o0, N, edge, 2 * TILE, min64(2 * BLOCK, rows - r0), min64(2 * TILE, N - o0));
 }
 
 // A chunk of rows of x against the whole weight, y [rows, N].

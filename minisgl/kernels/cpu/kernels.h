@@ -88,7 +88,7 @@ int int8_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const int
                   int64_t N, float *y);
 
 // The same products with x rounded to bf16 and the weight dequantized to bf16, summed in fp32 on the
-// tile unit (bf16_gemm.c): the prompt tokens' rows with the amx build; KERNELS_NO_INSTRUCTIONS in others.
+// tile unit (bf16_gemm.c): the prefill rows with the amx build; KERNELS_NO_INSTRUCTIONS in the others.
 int int4_gemm_bf16(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
                    const uint16_t *minimum, int64_t N, float *y, int threads);
 int int4_gemm_bf16_ref(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,

@@ -133,9 +133,9 @@ BF16 static void pack_pair(const uint16_t *k_pool, const uint16_t *v_pool, const
     }
 }
 
-// Scores of ROWS bf16 query rows (`query`: [ROWS, d]) with `keys` packed keys, scaled: [ROWS, ld].
-BF16 static void score_block(const uint16_t *query, const uint16_t *packed, int64_t d, int64_t keys, float scale,
-                             float *scores, int64_t ld) {
+// Scores of ROWS bf16 query rows (`query`: [ROWS, d]) with `keys` packed keys, unscaled: [ROWS, ld].
+BF16 static void score_block(const uint16_t *query, const uint16_t *packed, int64_t d, int64_t keys, float *scores,
+                             int64_t ld) {
     const int64_t pairs = d / 2;
     const int32_t *q32 = (const int32_t *)query;
     for (int64_t j = 0; j < keys; j += KEYS) {
@@ -151,28 +151,29 @@ BF16 static void score_block(const uint16_t *query, const uint16_t *packed, int6
                 acc[r][1] = _mm512_dpbf16_ps(acc[r][1], qr, b);
             }
         }
-        const __m512 s = _mm512_set1_ps(scale);
         for (int r = 0; r < ROWS; r++) {
-            _mm512_storeu_ps(scores + r * ld + j, _mm512_mul_ps(acc[r][0], s));
-            _mm512_storeu_ps(scores + r * ld + j + 16, _mm512_mul_ps(acc[r][1], s));
+            _mm512_storeu_ps(scores + r * ld + j, acc[r][0]);
+            _mm512_storeu_ps(scores + r * ld + j + 16, acc[r][1]);
         }
     }
 }
 
-// A row's softmax numerators over its `seen` keys, rounded to bf16 into `weights` (zero up to `keys`):
-// their fp32 sum.
-BF16 static float weigh_row(const float *scores, int64_t seen, int64_t keys, uint16_t *weights) {
+// A row's softmax numerators over its `seen` keys (its raw scores times `scale`), rounded to bf16 into
+// `weights` (zero up to `keys`): their fp32 sum. The largest scaled score is the largest raw one scaled
+// (rounding keeps order), so the scaling takes no pass of its own.
+BF16 static float weigh_row(const float *scores, float scale, int64_t seen, int64_t keys, uint16_t *weights) {
     __m512 top = _mm512_set1_ps(-INFINITY);
     for (int64_t j = 0; j < seen; j += 16) {
         const __mmask16 in = (__mmask16)(seen - j >= 16 ? 0xFFFF : (1u << (seen - j)) - 1);
         top = _mm512_mask_max_ps(top, in, top, _mm512_maskz_loadu_ps(in, scores + j));
     }
-    const __m512 largest = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    const __m512 s = _mm512_set1_ps(scale), largest = _mm512_set1_ps(_mm512_reduce_max_ps(top) * scale);
     __m512 total = _mm512_setzero_ps();
     for (int64_t j = 0; j < keys; j += 16) {
         const int64_t left = seen - j;
         const __mmask16 in = (__mmask16)(left >= 16 ? 0xFFFF : left <= 0 ? 0 : (1u << left) - 1);
-        const __m512 e = _mm512_maskz_mov_ps(in, vec_exp(_mm512_sub_ps(_mm512_loadu_ps(scores + j), largest)));
+        const __m512 scaled = _mm512_mul_ps(_mm512_loadu_ps(scores + j), s);
+        const __m512 e = _mm512_maskz_mov_ps(in, vec_exp(_mm512_sub_ps(scaled, largest)));
         total = _mm512_add_ps(total, e);
         _mm256_storeu_si256((__m256i *)(weights + j), (__m256i)_mm512_cvtneps_pbh(e));
     }
@@ -246,9 +247,10 @@ BF16 static void attend_block(const Head *a, int64_t first, uint16_t *query, flo
     int64_t seen[ROWS];
     block_rows_of(a, first, ROWS, query, out, seen);
     const int64_t keys = padded(seen[ROWS - 1]);  // the last row sees the most
-    score_block(query, a->keys, d, keys, a->scale, scores, ld);
+    score_block(query, a->keys, d, keys, scores, ld);
     float total[ROWS];
-    for (int r = 0; r < ROWS; r++) total[r] = weigh_row(scores + r * ld, seen[r], keys, weights + r * ld);
+    for (int r = 0; r < ROWS; r++)
+        total[r] = weigh_row(scores + r * ld, a->scale, seen[r], keys, weights + r * ld);
     for (int g = 0; g < ROWS; g += ROW_GROUP) {
         const int64_t pairs = (seen[g + ROW_GROUP - 1] + 1) / 2;
         const uint16_t *w = weights + g * ld;
@@ -286,7 +288,6 @@ BF16 static void attend_block_tiles(const Head *a, int64_t first, uint16_t *quer
     block_rows_of(a, first, TILE_ROWS, query, out, seen);
     const int64_t keys = padded(seen[TILE_ROWS - 1]);  // the last row sees the most
     const size_t score_stride = sizeof(float) * (size_t)ld, weight_stride = sizeof(uint16_t) * (size_t)ld;
-    const __m512 s = _mm512_set1_ps(a->scale);
     for (int64_t j = 0; j < keys; j += KEYS) {
         const uint16_t *block = a->keys + j * d;  // keys j .. j + 15, then j + 16 .. j + 31
         _tile_zero(0);
@@ -300,14 +301,10 @@ BF16 static void attend_block_tiles(const Head *a, int64_t first, uint16_t *quer
         }
         _tile_stored(0, scores + j, score_stride);
         _tile_stored(1, scores + j + 16, score_stride);
-        for (int r = 0; r < TILE_ROWS; r++) {  // scaled as score_block's
-            float *row = scores + r * ld + j;
-            _mm512_storeu_ps(row, _mm512_mul_ps(_mm512_loadu_ps(row), s));
-            _mm512_storeu_ps(row + 16, _mm512_mul_ps(_mm512_loadu_ps(row + 16), s));
-        }
     }
     float total[TILE_ROWS];
-    for (int r = 0; r < TILE_ROWS; r++) total[r] = weigh_row(scores + r * ld, seen[r], keys, weights + r * ld);
+    for (int r = 0; r < TILE_ROWS; r++)
+        total[r] = weigh_row(scores + r * ld, a->scale, seen[r], keys, weights + r * ld);
     float sums[TILE_ROWS * 16] __attribute__((aligned(64)));
     const size_t value_stride = sizeof(uint16_t) * 2 * (size_t)d;
     for (int64_t i = 0; i < d; i += 64) {
