@@ -24,7 +24,7 @@ from tests.conftest import c_kernels_or_skip
 
 AVX2 = frozenset({"avx2", "fma", "f16c"})
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
-AMX = frozenset({"avx512_bf16", "amx_tile", "amx_bf16"})
+AMX = frozenset({"avx512_bf16", "avx512vbmi", "amx_tile", "amx_bf16"})
 # The SIMD bodies sum the same integers as the references in another order: fp32 rounding only.
 REFERENCE_TOLERANCE = 1e-5
 

@@ -10,10 +10,11 @@
 //
 // Blocking: the rows of x in chunks (CHUNK_ROWS), each against the whole weight; per chunk, K in spans
 // whose x (the chunk's rows, bf16) stays in L2; per span, each thread takes its pairs of the weight's tiles
-// (32 output rows), dequantizes a pair's span once into the tile layout (per group of 32 columns, 16 rows
-// of 16 outputs x 2 columns: the bf16 pairs the tile instruction takes) and runs every two blocks of 16
-// rows of x against it: 4 sum registers (2 x 2 blocks of 16 x 16), 2 of x, 2 of the weight. The sums go
-// to y between spans and come back (fp32: exact).
+// (32 output rows) and a pair's span in steps of up to STEP_GROUPS groups: it dequantizes a step into the
+// tile layout (per group of 32 columns, 16 rows of 16 outputs x 2 columns: the bf16 pairs the tile
+// instruction takes), where it stays in L1 while every two blocks of 16 rows of x run against it: 4 sum
+// registers (2 x 2 blocks of 16 x 16), 2 of x, 2 of the weight. The sums wait in a buffer of the thread's
+// between steps and in y between spans (fp32: exact).
 
 #define _GNU_SOURCE  // syscall(): Linux's permission for the tile state (kernels_prepare)
 #include <math.h>
@@ -43,6 +44,9 @@ int kernels_prepare(void) {
 // memory and back. Where one span holds all of K (a small K) a chunk takes as many rows as fit it, since
 // each chunk dequantizes the weight anew (docs/benchmarks/session29-spr/tile_ab.py).
 #define CHUNK_ROWS 256
+// Groups of a pair dequantized at a time (16 KB at most: in L1 beside the x tiles streaming from L2); a span
+// is cut into equal steps (docs/benchmarks/session30-spr/kernel_ab.py).
+#define STEP_GROUPS 8
 
 static float int4_weight_at(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K,
                             int64_t o, int64_t k) {
@@ -86,30 +90,32 @@ int int8_gemm_bf16_ref(const float *x, int64_t rows, int64_t K, const int8_t *co
 #define BLOCK 16                             // rows of a tile register: of x, of sums
 #define PAIR_BYTES (GROUP * TILE * 2)        // one group of one tile, dequantized: 16 rows of 64 bytes
 
-// One tile row: the bytes of one column pair for outputs 0-7 (lo) and 8-15 (hi), two codes an output,
-// times the outputs' scales plus their minimums (fp32, each output's twice), rounded to bf16.
-static inline void dequantize_row(__m128i lo, __m128i hi, int is_signed, __m512 scale_lo, __m512 scale_hi,
-                                  __m512 min_lo, __m512 min_hi, uint8_t *out) {
-    const __m512i wide_lo = is_signed ? _mm512_cvtepi8_epi32(lo) : _mm512_cvtepu8_epi32(lo);
-    const __m512i wide_hi = is_signed ? _mm512_cvtepi8_epi32(hi) : _mm512_cvtepu8_epi32(hi);
-    const __m512 w_lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(wide_lo), scale_lo, min_lo);
-    const __m512 w_hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(wide_hi), scale_hi, min_hi);
-    _mm512_store_si512(out, (__m512i)_mm512_cvtne2ps_pbh(w_hi, w_lo));
+// Which byte of a 4-column piece (16 outputs x 4 bytes) each fp32 lane of a tile row's half takes, in every
+// byte of the lane's dword: tile row `pair` (columns 2 pair, 2 pair + 1 of the piece), outputs 8 half ..
+// 8 half + 7, lane 2i + c holding output 8 half + i, column 2 pair + c.
+static inline __m512i piece_index(int pair, int half) {
+    const __m512i lanes = _mm512_set_epi32(29, 28, 25, 24, 21, 20, 17, 16, 13, 12, 9, 8, 5, 4, 1, 0);
+    return _mm512_mullo_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32(32 * half + 2 * pair)),
+                              _mm512_set1_epi32(0x01010101));
 }
 
 // Codes [16 outputs x 4] as bytes (of 4 consecutive columns c0 .. c0 + 3, unsigned or signed), with the
-// outputs' scales and minimums (zeros for int8) as fp32, into the two tile rows of column pairs c0 / 2 and
-// c0 / 2 + 1.
-static inline void dequantize_quads(__m512i quads, int is_signed, __m512 scale_lo, __m512 scale_hi, __m512 min_lo,
-                                    __m512 min_hi, uint8_t *out) {
-    // Words 0, 2, .. 30 are each output's first pair, 1, 3, .. 31 its second.
-    const __m512i split = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1,
-                                           30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    const __m512i pairs = _mm512_permutexvar_epi16(split, quads);
-    dequantize_row(_mm512_extracti32x4_epi32(pairs, 0), _mm512_extracti32x4_epi32(pairs, 1), is_signed, scale_lo,
-                   scale_hi, min_lo, min_hi, out);
-    dequantize_row(_mm512_extracti32x4_epi32(pairs, 2), _mm512_extracti32x4_epi32(pairs, 3), is_signed, scale_lo,
-                   scale_hi, min_lo, min_hi, out + 64);
+// outputs' scales and minimums (zeros for int8) as fp32 (lane 2i + c: output i of the half), into the two
+// tile rows of column pairs c0 / 2 and c0 / 2 + 1: each code moved into its own dword (vpermb: an unsigned
+// one into the low byte, a signed one into the high byte and shifted down), times the scale plus the
+// minimum in one fma, rounded to bf16.
+static inline void dequantize_quads(__m512i quads, int is_signed, const __m512i index[2][2], const __m512 scale[2],
+                                    const __m512 minimum[2], uint8_t *out) {
+    for (int pair = 0; pair < 2; pair++) {
+        __m512 w[2];
+        for (int half = 0; half < 2; half++) {
+            const __mmask64 bytes = is_signed ? 0x8888888888888888ull : 0x1111111111111111ull;
+            const __m512i moved = _mm512_maskz_permutexvar_epi8(bytes, index[pair][half], quads);
+            const __m512i codes = is_signed ? _mm512_srai_epi32(moved, 24) : moved;
+            w[half] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(codes), scale[half], minimum[half]);
+        }
+        _mm512_store_si512(out + pair * 64, (__m512i)_mm512_cvtne2ps_pbh(w[1], w[0]));
+    }
 }
 
 // Tile t's groups g0 .. g1 dequantized into out: per group 16 tile rows (column pairs) of 16 outputs.
@@ -124,6 +130,7 @@ static void dequantize_tile(int bits, const void *codes, const void *scale, cons
     // Lane 2i and 2i + 1 of the fp32 vectors: output i (of 0-7, or of 8-15).
     const __m512i repeat_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
     const __m512i repeat_hi = _mm512_add_epi32(repeat_lo, _mm512_set1_epi32(8));
+    const __m512i index[2][2] = {{piece_index(0, 0), piece_index(0, 1)}, {piece_index(1, 0), piece_index(1, 1)}};
     __m512 row_scale = _mm512_setzero_ps();
     if (bits == 8) row_scale = _mm512_loadu_ps((const float *)scale + t * TILE);
     for (int64_t g = g0; g < g1; g++, out += PAIR_BYTES) {
@@ -135,21 +142,22 @@ static void dequantize_tile(int bits, const void *codes, const void *scale, cons
         } else {
             s = row_scale;
         }
-        const __m512 s_lo = _mm512_permutexvar_ps(repeat_lo, s), s_hi = _mm512_permutexvar_ps(repeat_hi, s);
-        const __m512 m_lo = _mm512_permutexvar_ps(repeat_lo, m), m_hi = _mm512_permutexvar_ps(repeat_hi, m);
+        const __m512 halves_s[2] = {_mm512_permutexvar_ps(repeat_lo, s), _mm512_permutexvar_ps(repeat_hi, s)};
+        const __m512 halves_m[2] = {_mm512_permutexvar_ps(repeat_lo, m), _mm512_permutexvar_ps(repeat_hi, m)};
         if (bits == 4) {  // vector i: columns 4i .. 4i + 3 in the low nibbles, 16 + 4i .. in the high ones
             const uint8_t *group = (const uint8_t *)codes + (t * groups + g) * 4 * 4 * TILE;
             const __m512i nibble = _mm512_set1_epi8(0x0F);
             for (int i = 0; i < 4; i++) {
                 const __m512i v = _mm512_loadu_si512(group + i * 4 * TILE);
-                dequantize_quads(_mm512_and_si512(v, nibble), 0, s_lo, s_hi, m_lo, m_hi, out + i * 128);
-                dequantize_quads(_mm512_and_si512(_mm512_srli_epi16(v, 4), nibble), 0, s_lo, s_hi, m_lo, m_hi,
+                dequantize_quads(_mm512_and_si512(v, nibble), 0, index, halves_s, halves_m, out + i * 128);
+                dequantize_quads(_mm512_and_si512(_mm512_srli_epi16(v, 4), nibble), 0, index, halves_s, halves_m,
                                  out + (4 + i) * 128);
             }
         } else {  // vector i: columns 4i .. 4i + 3
             const int8_t *group = (const int8_t *)codes + (t * groups + g) * 8 * 4 * TILE;
             for (int i = 0; i < 8; i++)
-                dequantize_quads(_mm512_loadu_si512(group + i * 4 * TILE), 1, s_lo, s_hi, m_lo, m_hi, out + i * 128);
+                dequantize_quads(_mm512_loadu_si512(group + i * 4 * TILE), 1, index, halves_s, halves_m,
+                                 out + i * 128);
         }
     }
 }
@@ -218,45 +226,56 @@ static int chunk_bf16(int bits, const float *x, int64_t rows, int64_t K, const v
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        static _Thread_local Scratch pair_scratch;
-        uint8_t *pair = scratch_reserve(&pair_scratch, (size_t)(2 * span_groups * PAIR_BYTES));
+        static _Thread_local Scratch pair_scratch, sums_scratch;
+        uint8_t *pair = scratch_reserve(&pair_scratch, (size_t)(2 * STEP_GROUPS * PAIR_BYTES));
+        float *sums = scratch_reserve(&sums_scratch, sizeof(float) * (size_t)(padded * 2 * TILE));
         float edge[4 * BLOCK * TILE] __attribute__((aligned(64)));
         const int thread = omp_get_thread_num(), count = omp_get_num_threads();
         const int64_t p0 = pairs * thread / count, p1 = pairs * (thread + 1) / count;
-        if (pair == NULL) {
+        if (pair == NULL || sums == NULL) {
 #pragma omp atomic write
             failed = 1;
         } else {
             tiles_configure();
             for (int64_t g0 = 0; g0 < groups; g0 += span_groups) {
-                const int64_t g1 = min64(g0 + span_groups, groups), length = g1 - g0;
-                for (int64_t p = p0; p < p1; p++) {
-                    uint8_t *second = pair + length * PAIR_BYTES;
-                    dequantize_tile(bits, codes, scale, minimum, K, tiles, 2 * p, g0, g1, pair);
-                    dequantize_tile(bits, codes, scale, minimum, K, tiles, 2 * p + 1, g0, g1, second);
-                    for (int64_t r0 = 0; r0 < padded; r0 += 2 * BLOCK) {
-                        if (g0 == 0) {
-                            _tile_zero(0);
-                            _tile_zero(1);
-                            _tile_zero(2);
-                            _tile_zero(3);
-                        } else {
-                            block_load(y, rows, N, r0, 2 * p * TILE, edge);
+                const int64_t g1 = min64(g0 + span_groups, groups), steps = (g1 - g0 + STEP_GROUPS - 1) / STEP_GROUPS;
+                const int64_t step = (g1 - g0 + steps - 1) / steps;  // the span in equal steps
+                for (int64_t p = p0; p < p1; p++)
+                    for (int64_t s0 = g0; s0 < g1; s0 += step) {
+                        const int64_t s1 = min64(s0 + step, g1), o0 = 2 * p * TILE;
+                        uint8_t *second = pair + (s1 - s0) * PAIR_BYTES;
+                        dequantize_tile(bits, codes, scale, minimum, K, tiles, 2 * p, s0, s1, pair);
+                        dequantize_tile(bits, codes, scale, minimum, K, tiles, 2 * p + 1, s0, s1, second);
+                        for (int64_t r0 = 0; r0 < padded; r0 += 2 * BLOCK) {
+                            float *held = sums + r0 * 2 * TILE;  // this block's sums between steps
+                            if (s0 == 0) {
+                                _tile_zero(0);
+                                _tile_zero(1);
+                                _tile_zero(2);
+                                _tile_zero(3);
+                            } else if (s0 == g0) {
+                                block_load(y, rows, N, r0, o0, edge);
+                            } else {
+                                BLOCK_TILES(_tile_loadd, held, 2 * TILE);
+                            }
+                            const uint16_t *x0 = xb + r0 * K, *x1 = x0 + BLOCK * K;  // two blocks of rows
+                            for (int64_t g = s0; g < s1; g++) {
+                                _tile_loadd(4, x0 + g * BLOCK * GROUP, 64);
+                                _tile_loadd(5, x1 + g * BLOCK * GROUP, 64);
+                                _tile_loadd(6, pair + (g - s0) * PAIR_BYTES, 64);
+                                _tile_loadd(7, second + (g - s0) * PAIR_BYTES, 64);
+                                _tile_dpbf16ps(0, 4, 6);
+                                _tile_dpbf16ps(1, 4, 7);
+                                _tile_dpbf16ps(2, 5, 6);
+                                _tile_dpbf16ps(3, 5, 7);
+                            }
+                            if (s1 == g1) {
+                                block_store(y, rows, N, r0, o0, edge);
+                            } else {
+                                BLOCK_TILES(_tile_stored, held, 2 * TILE);
+                            }
                         }
-                        const uint16_t *x0 = xb + r0 * K, *x1 = x0 + BLOCK * K;  // two blocks of rows
-                        for (int64_t g = g0; g < g1; g++) {
-                            _tile_loadd(4, x0 + g * BLOCK * GROUP, 64);
-                            _tile_loadd(5, x1 + g * BLOCK * GROUP, 64);
-                            _tile_loadd(6, pair + (g - g0) * PAIR_BYTES, 64);
-                            _tile_loadd(7, second + (g - g0) * PAIR_BYTES, 64);
-                            _tile_dpbf16ps(0, 4, 6);
-                            _tile_dpbf16ps(1, 4, 7);
-                            _tile_dpbf16ps(2, 5, 6);
-                            _tile_dpbf16ps(3, 5, 7);
-                        }
-                        block_store(y, rows, N, r0, 2 * p * TILE, edge);
                     }
-                }
             }
             _tile_release();
         }

@@ -21,12 +21,14 @@
 // conversion that applies the group's step.
 // With AVX2 alone: int4 codes by the digits in int16 pairs (vpmaddubsw), a group's summed in int16
 // (at most 16 x 15 x 127), widened once per digit (vpmaddwd); int8 codes widened to int16 and
-// multiplied by both digits at once as one int16, 256 high + low (vpmaddwd).
+// multiplied by both digits at once as one int16, q (below; vpmaddwd).
 //
 // Arithmetic, the same in the references and in every SIMD body, bit for bit, and for a row of x the
 // same whatever other rows it comes with (a request computes the same alone as in a batch): per row of
 // x and group g, v = x * (127 / max |x|), high = round(v), low = round(256 (v - high)) (both int8;
-// low = 0 with one digit), q = 256 high + low, step = max |x| / 127 / 256, sum = step * (sum of q); then
+// low = 0 with one digit), x ~ step * q in units of the last digit: with one digit q = high and
+// step = max |x| / 127, with two q = 256 high + low and step = max |x| / 127 / 256 (one digit's sums then
+// need no shift); sum = step * (sum of q); then
 // per output o, over the groups in order,
 // - int4: acc = fma(dot(q, code), scale * step, acc); acc = fma(minimum, sum, acc); y = acc,
 // - int8: acc = fma(dot(q, code), step, acc); y = acc * scale,
@@ -66,7 +68,7 @@ static void round_row_plain(const float *x, int64_t K, int digits, int8_t *q, in
         float amax = 0.0f;
         for (int64_t i = 0; i < GROUP; i++) amax = fmaxf(amax, fabsf(xg[i]));
         const float s = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int32_t total = 0;  // of the digits, 256 high + low
+        int32_t total = 0;  // of q
         for (int64_t i = 0; i < GROUP; i++) {
             const float v = xg[i] * inverse, high = nearbyintf(v);
             const float low = digits == 1 ? 0.0f : nearbyintf((v - high) * 256.0f);
@@ -74,11 +76,11 @@ static void round_row_plain(const float *x, int64_t K, int digits, int8_t *q, in
             const int8_t l = (int8_t)(low > 127.0f ? 127.0f : low < -127.0f ? -127.0f : low);
             q[g * GROUP + i] = h;
             q_low[g * GROUP + i] = l;
-            total += 256 * h + l;
+            total += digits == 1 ? h : 256 * h + l;
         }
-        step[g] = s / 256.0f;
+        step[g] = digits == 1 ? s : s / 256.0f;
         totals[g] = total;
-        sum[g] = (float)total * (s / 256.0f);
+        sum[g] = (float)total * step[g];
     }
 }
 
@@ -128,7 +130,7 @@ int int4_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const uin
                     high += w * xr.codes[r * K + g * GROUP + c];
                     low += w * xr.low[r * K + g * GROUP + c];
                 }
-                const int32_t dot = high * 256 + low;
+                const int32_t dot = digits == 1 ? high : high * 256 + low;
                 const int64_t at = (o / TILE * groups + g) * TILE + o % TILE;
                 acc = fmaf((float)dot, float_of_fp16(scale[at]) * xr.step[r * groups + g], acc);
                 acc = fmaf(float_of_fp16(minimum[at]), xr.sum[r * groups + g], acc);
@@ -153,7 +155,8 @@ int int8_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const int
                 int32_t dot = 0;
                 for (int64_t c = 0; c < GROUP; c++) {
                     const int64_t k = r * K + g * GROUP + c;
-                    dot += int8_code_at(codes, K, o, g * GROUP + c) * (256 * xr.codes[k] + xr.low[k]);
+                    const int q = digits == 1 ? xr.codes[k] : 256 * xr.codes[k] + xr.low[k];
+                    dot += int8_code_at(codes, K, o, g * GROUP + c) * q;
                 }
                 acc = fmaf((float)dot, xr.step[r * groups + g], acc);
             }
@@ -258,11 +261,11 @@ static void round_row_simd(const float *x, int64_t K, int digits, int8_t *q, int
             const VecI hi = cvt_32(min_ps(max_ps(high, bottom), top)), lo = cvt_32(min_ps(max_ps(low, bottom), top));
             store_8(q + g * GROUP + V * i, hi);
             store_8(q_low + g * GROUP + V * i, lo);
-            total = add_32(total, add_32(slli_32(hi, 8), lo));
+            total = add_32(total, digits == 1 ? hi : add_32(slli_32(hi, 8), lo));
         }
-        step[g] = s / 256.0f;
+        step[g] = digits == 1 ? s : s / 256.0f;
         totals[g] = reduce_add_32(total);
-        sum[g] = (float)totals[g] * (s / 256.0f);
+        sum[g] = (float)totals[g] * step[g];
     }
 }
 
@@ -312,13 +315,14 @@ static inline __m256i dpbusd_at(__m256i acc, __m256i u, const int8_t *q) {
 #endif
 
 #if defined(WIDE_DOTS)
-// x's rows as one int16 per column, 256 high + low: the int8 product's other operand.
-static int widen_rows(RoundedX *x, int64_t rows, int64_t K, Scratch *scratch, int threads) {
+// x's rows as one int16 per column, q: the int8 product's other operand.
+static int widen_rows(RoundedX *x, int digits, int64_t rows, int64_t K, Scratch *scratch, int threads) {
     x->wide = scratch_reserve(scratch, sizeof(int16_t) * (size_t)(rows * K));
     if (x->wide == NULL) return KERNELS_NO_MEMORY;
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t k = 0; k < K; k++) x->wide[r * K + k] = (int16_t)(256 * x->codes[r * K + k] + x->low[r * K + k]);
+        for (int64_t k = r * K; k < (r + 1) * K; k++)
+            x->wide[k] = (int16_t)(digits == 1 ? x->codes[k] : 256 * x->codes[k] + x->low[k]);
     return KERNELS_OK;
 }
 
@@ -386,7 +390,7 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
             VecI dot;
 #if defined(WIDE_DOTS)
             if (BITS == 4) {
-                dot = int4_digit_dot(quads, x->codes + column, _mm256_set1_epi16(256));
+                dot = int4_digit_dot(quads, x->codes + column, _mm256_set1_epi16(DIGITS == 1 ? 1 : 256));
                 if (DIGITS == 2) dot = add_32(dot, int4_digit_dot(quads, x->low + column, _mm256_set1_epi16(1)));
             } else {  // x->wide holds both digits (the low ones zero with one): one product either way
                 // Per lane pairs of one row's column sums (rows 0-3, rows 4-7), then one sum per row in order.
@@ -412,8 +416,7 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
                 }
                 digit[d] = add_32(even, odd);
             }
-            dot = slli_32(digit[0], 8);
-            if (DIGITS == 2) dot = add_32(dot, digit[1]);
+            dot = DIGITS == 1 ? digit[0] : add_32(slli_32(digit[0], 8), digit[1]);
             if (BITS == 8) dot = sub_32(dot, set1_32(128 * x->total[at]));
 #endif
             if (BITS == 4) {
@@ -472,7 +475,7 @@ static int gemm(int bits, const float *x, int digits, int64_t rows, int64_t K, c
     if (round_rows(round_row_simd, x, digits, rows, K, &x_scratch, &xr, threads)) return KERNELS_NO_MEMORY;
 #if defined(WIDE_DOTS)
     static _Thread_local Scratch wide_scratch;
-    if (bits == 8 && widen_rows(&xr, rows, K, &wide_scratch, threads)) return KERNELS_NO_MEMORY;
+    if (bits == 8 && widen_rows(&xr, digits, rows, K, &wide_scratch, threads)) return KERNELS_NO_MEMORY;
 #endif
     const TileFn *run = digits == 1 ? (bits == 4 ? gemm_tiles_4_1 : gemm_tiles_8_1)
                                     : (bits == 4 ? gemm_tiles_4_2 : gemm_tiles_8_2);

@@ -11,7 +11,7 @@
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__) && defined(__FMA__) && defined(__F16C__)
 #define KERNELS_AVX512 1
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512VBMI__)
 #define KERNELS_AMX 1  // the AVX-512 bodies, and prefill rows' products on the tile unit (bf16_gemm.c)
 #define KERNELS_VARIANT "amx"
 #else
