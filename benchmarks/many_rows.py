@@ -13,8 +13,10 @@ Run: python -m benchmarks.many_rows [--rows 1 8 16 32 64 512] [--threads N] [--k
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -24,13 +26,38 @@ from minisgl.kernels.native import resolve_kernels
 from minisgl.kernels.variants import KERNEL_CHOICES
 from minisgl.layers.linear import Linear, pack_weights
 from minisgl.layers.quant import DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
-from minisgl.tuning import DEQUANT_BUFFER_ELEMENTS
+from minisgl.tuning import DEQUANT_BUFFER_ELEMENTS, MLP_BAND_ROWS
 
 # (name, out, in): the fused projections of a layer, and the LM head.
 SHAPES = {
     "135M": [("qkv", 960, 576), ("gate_up", 3072, 576), ("down", 576, 1536), ("lm_head", 49152, 576)],
     "1.7B": [("qkv", 6144, 2048), ("gate_up", 16384, 2048), ("down", 2048, 8192), ("lm_head", 49152, 2048)],
 }
+
+
+# The layers' products at the row counts a prefill pass gives them (name, out, in, rows): the MLP's in bands
+# of MLP_BAND_ROWS, the attention's up to a pass's tokens (2,048 at 135M, 1,024 at 1.7B). For A/B runs of two
+# builds or two commits' kernels (docs/benchmarks/session29-spr/tile_ab.py, session30-spr/kernel_ab.py).
+PREFILL_PRODUCTS = [
+    ("135M qkv", 960, 576, 2048), ("135M o", 576, 576, 2048), ("135M gate_up", 3072, 576, MLP_BAND_ROWS),
+    ("135M down", 576, 1536, MLP_BAND_ROWS), ("1.7B qkv", 6144, 2048, 1024), ("1.7B o", 2048, 2048, 1024),
+    ("1.7B gate_up", 16384, 2048, MLP_BAND_ROWS), ("1.7B down", 2048, 8192, MLP_BAND_ROWS),
+]  # fmt: skip
+
+
+def race(calls: dict[str, Callable[[], object]], repeats: int = 1, rounds: int = 5) -> dict[str, float]:
+    """Median seconds a call of each, over ``rounds`` rounds of ``repeats`` calls, the calls alternating
+    (after one warm-up each), so that a drift of the machine's speed falls on all of them alike."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for call in calls.values():
+        call()
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            for _ in range(repeats):
+                call()
+            times[name].append((time.perf_counter() - start) / repeats)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def seconds(f: Callable[[], object], min_time: float = 0.3) -> float:
@@ -91,14 +118,14 @@ def main() -> None:
                     for rows in args.rows:
                         x = torch.randn(rows, k)
                         xb = x.bfloat16()
-                        t_c = seconds(lambda: c_matmul(x)) if c_matmul is not None else float("nan")
-                        t_two = seconds(lambda: c_two_digits(x)) if c_two_digits is not None else float("nan")
+                        t_c = seconds(partial(c_matmul, x)) if c_matmul is not None else float("nan")
+                        t_two = seconds(partial(c_two_digits, x)) if c_two_digits is not None else float("nan")
                         prefill = c_matmul is not None and kernels is not None and kernels.bf16_prefill
-                        t_prefill = seconds(lambda: c_matmul(x, rows)) if prefill else float("nan")
-                        t_kernel = seconds(lambda: q.kernel(x))
-                        t_many = seconds(lambda: q.many_rows(x))
-                        t_bf16 = seconds(lambda: bf16(xb))
-                        t_fp32 = seconds(lambda: fp32(x))
+                        t_prefill = seconds(partial(c_matmul, x, rows)) if prefill else float("nan")
+                        t_kernel = seconds(partial(q.kernel, x))
+                        t_many = seconds(partial(q.many_rows, x))
+                        t_bf16 = seconds(partial(bf16, xb))
+                        t_fp32 = seconds(partial(fp32, x))
                         faster = "kernel" if t_kernel < t_many else "expansion"
                         print(
                             f"| {size} | {name} | {fmt} | {rows} | {t_c * 1e3:.2f} | {t_two * 1e3:.2f} | "

@@ -16,9 +16,10 @@
 
 Variants: the same sources are built into one library per instruction set (``VARIANTS``: AVX-512
 VNNI with AMX-BF16 for prefill rows, AVX-512 VNNI, AVX2 + AVX-VNNI, AVX2 + FMA), each with its own
-``-m`` flags, into the user's cache, with the system's C compiler (``cc``, or ``$CC``). ``host_variants``
-says which this CPU can run (from ``/proc/cpuinfo``); the engine resolves ``EngineConfig.kernels`` once (``resolve_kernels``) and hands
-the loaded library, or None for torch's kernels, to the layers, the attention backend and the model.
+``-m`` flags, into the user's cache, with the system's C compiler (``cc``, or ``$CC``).
+``host_variants`` says which this CPU can run (from ``/proc/cpuinfo``); the engine resolves
+``EngineConfig.kernels`` once (``resolve_kernels``) and hands the loaded library, or None for torch's
+kernels, to the layers, the attention backend and the model.
 A CPU with none of the variants runs torch's kernels, and the log says so.
 
 The boundary is ``cpu/kernels.h``: cffi parses it, so the structs and prototypes are declared once,

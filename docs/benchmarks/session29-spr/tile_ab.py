@@ -12,35 +12,16 @@ libraries loaded in one process and alternating (5 rounds, the median).
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable
+from functools import partial
 
 import torch
 
 from benchmarks.machine import machine_info
+from benchmarks.many_rows import PREFILL_PRODUCTS, race
 from minisgl.kernels.native import load_variant
 from minisgl.layers.quant import Int4Weight
 
-PRODUCTS = [  # name, N, K, rows
-    ("135M qkv", 960, 576, 2048), ("135M o", 576, 576, 2048), ("135M gate_up", 3072, 576, 256),
-    ("135M down", 576, 1536, 256), ("1.7B qkv", 6144, 2048, 1024), ("1.7B o", 2048, 2048, 1024),
-    ("1.7B gate_up", 16384, 2048, 256), ("1.7B down", 2048, 8192, 256),
-]  # fmt: skip
 ATTENTION = [("135M", 9, 3, 64, 2000), ("1.7B", 32, 32, 64, 1024)]  # name, heads, KV heads, head_dim, tokens
-
-
-def race(calls: dict[str, Callable[[], object]], rounds: int = 5) -> dict[str, float]:
-    """Median seconds of each call, the calls alternating, after one warm-up each."""
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for call in calls.values():
-        call()
-    for _ in range(rounds):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:
@@ -50,12 +31,12 @@ def main() -> None:
     print("| product | rows | avx512: int4_gemm ms | amx: int4_gemm_bf16 ms | speed-up | amx GFLOP/s |")
     print("|---|---|---|---|---|---|")
     g = torch.Generator().manual_seed(0)
-    for name, n, k, rows in PRODUCTS:
+    for name, n, k, rows in PREFILL_PRODUCTS:
         w = Int4Weight.quantize(torch.randn(n, k, generator=g))
         x = torch.randn(rows, k, generator=g)
         integer = avx512.int4(w.codes, w.scale, w.minimum, n)
         tiles = amx.int4(w.codes, w.scale, w.minimum, n)
-        t = race({"int": lambda: integer(x), "bf16": lambda: tiles(x, rows)})
+        t = race({"int": partial(integer, x), "bf16": partial(tiles, x, rows)})
         flops = 2 * rows * n * k
         print(f"| {name} | {rows} | {t['int'] * 1e3:.2f} | {t['bf16'] * 1e3:.2f} | {t['int'] / t['bf16']:.2f}x | "
               f"{flops / t['bf16'] / 1e9:.0f} |", flush=True)  # fmt: skip
@@ -67,7 +48,7 @@ def main() -> None:
         k_pool = torch.randn(n, kv_heads, d, generator=g).bfloat16()
         v_pool = torch.randn(n, kv_heads, d, generator=g).bfloat16()
         args = (q, k_pool, v_pool, torch.arange(n).view(1, n), torch.tensor([0]), torch.tensor([n]), torch.tensor([0]))
-        t = race({"avx512": lambda: avx512.prefill_attention(*args), "amx": lambda: amx.prefill_attention(*args)})
+        t = race({"avx512": partial(avx512.prefill_attention, *args), "amx": partial(amx.prefill_attention, *args)})
         flops = 4 * n * (n + 1) / 2 * heads * d
         speed = f"{t['avx512'] / t['amx']:.2f}x | {flops / t['amx'] / 1e9:.0f}"
         print(f"| {name} ({heads} heads, {kv_heads} KV heads, d {d}) | {n} | {t['avx512'] * 1e3:.1f} | "

@@ -3,7 +3,7 @@ libraries loaded in one process and alternating (7 rounds, the median), each pai
 bit for bit:
 
 - prefill rows' products (``int4_gemm_bf16``) on the engine's shapes at the row counts a prefill pass gives
-  them (as ``session29-spr/tile_ab.py``);
+  them (``benchmarks.many_rows.PREFILL_PRODUCTS``, as ``session29-spr/tile_ab.py``);
 - decode rows' products (``int4_gemm``, one int8 digit of x as every layer's products take it) at 1-32 rows.
 
     PYTHONPATH=. python docs/benchmarks/session30-spr/kernel_ab.py --base 5fbc270
@@ -13,20 +13,17 @@ from __future__ import annotations
 
 import argparse
 import io
-import statistics
 import subprocess
 import tarfile
 import tempfile
-import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import torch
 
 from benchmarks.machine import machine_info
+from benchmarks.many_rows import PREFILL_PRODUCTS, race
 from minisgl.kernels import native
-from minisgl.kernels.variants import VARIANTS
 from minisgl.layers.quant import Int4Weight
 
 DECODE = [
@@ -36,58 +33,43 @@ DECODE = [
     ("135M gate_up", 3072, 576),
 ]
 DECODE_ROWS = (1, 8, 16, 32)
-PRODUCTS = [  # name, N, K, rows
-    ("135M qkv", 960, 576, 2048), ("135M o", 576, 576, 2048), ("135M gate_up", 3072, 576, 256),
-    ("135M down", 576, 1536, 256), ("1.7B qkv", 6144, 2048, 1024), ("1.7B o", 2048, 2048, 1024),
-    ("1.7B gate_up", 16384, 2048, 256), ("1.7B down", 2048, 8192, 256),
-]  # fmt: skip
 
 
 def amx_library(source_dir: Path) -> native.CpuKernels:
-    """The amx build of the kernel sources in ``source_dir``."""
-    variant = next(v for v in VARIANTS if v.name == "amx")
-    native.SOURCE_DIR = source_dir  # _build reads the sources from here
-    return native.CpuKernels(native._build(variant), variant)
-
-
-def race(calls: dict[str, Callable[[], object]], repeats: int, rounds: int = 7) -> dict[str, float]:
-    """Median seconds of each call over ``rounds`` rounds of ``repeats`` calls, the calls alternating."""
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for call in calls.values():
-        call()
-    for _ in range(rounds):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            for _ in range(repeats):
-                call()
-            times[name].append((time.perf_counter() - start) / repeats)
-    return {name: statistics.median(t) for name, t in times.items()}
+    """The amx build of the kernel sources in ``source_dir`` (the swap of session 28's prefetch_sweep.py)."""
+    original = native.SOURCE_DIR
+    native.SOURCE_DIR = source_dir
+    native.load_variant.cache_clear()
+    try:
+        return native.load_variant("amx")
+    finally:
+        native.SOURCE_DIR = original
+        native.load_variant.cache_clear()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, help="the commit whose kernel sources are the baseline")
     args = parser.parse_args()
-    tree = native.SOURCE_DIR
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(["git", "archive", args.base, "minisgl/kernels/cpu"], capture_output=True, check=True)
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
             tar.extractall(tmp, filter="data")
         base = amx_library(Path(tmp) / "minisgl/kernels/cpu")
-    new = amx_library(tree)
+    new = amx_library(native.SOURCE_DIR)
     print(f"# {machine_info(torch.get_num_threads())['cpu']}, {torch.get_num_threads()} threads; the amx build "
           f"({new.variant.description}) of {args.base} against the working tree")  # fmt: skip
     print("| prefill rows' product | rows | base ms | new ms | speed-up | new GFLOP/s | same bits |")
     print("|---|---|---|---|---|---|---|")
     g = torch.Generator().manual_seed(0)
-    for name, n, k, rows in PRODUCTS:
+    for name, n, k, rows in PREFILL_PRODUCTS:
         w = Int4Weight.quantize(torch.randn(n, k, generator=g))
         x = torch.randn(rows, k, generator=g)
         before = base.int4(w.codes, w.scale, w.minimum, n)
         after = new.int4(w.codes, w.scale, w.minimum, n)
         same = torch.equal(before(x, rows), after(x, rows))
         calls = {"base": partial(before, x, rows), "new": partial(after, x, rows)}
-        t = race(calls, max(2, int(1e10 / (2 * rows * n * k))))
+        t = race(calls, max(2, int(1e10 / (2 * rows * n * k))), rounds=7)
         print(f"| {name} | {rows} | {t['base'] * 1e3:.2f} | {t['new'] * 1e3:.2f} | {t['base'] / t['new']:.2f}x | "
               f"{2 * rows * n * k / t['new'] / 1e9:.0f} | {same} |", flush=True)  # fmt: skip
     print("\n| decode rows' product | rows | base ms | new ms | speed-up | same bits |")
@@ -99,9 +81,8 @@ def main() -> None:
         for rows in DECODE_ROWS:
             x = torch.randn(rows, k, generator=g)
             same = torch.equal(before(x), after(x))
-            t = race(
-                {"base": partial(before, x), "new": partial(after, x)}, max(5, int(3e9 / (2 * max(rows, 8) * n * k)))
-            )
+            calls = {"base": partial(before, x), "new": partial(after, x)}
+            t = race(calls, max(5, int(3e9 / (2 * max(rows, 8) * n * k))), rounds=7)
             print(f"| {name} | {rows} | {t['base'] * 1e3:.3f} | {t['new'] * 1e3:.3f} | {t['base'] / t['new']:.2f}x | "
                   f"{same} |", flush=True)  # fmt: skip
 

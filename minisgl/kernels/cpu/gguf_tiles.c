@@ -14,7 +14,6 @@
 #include "kernels.h"
 #include "simd.h"
 
-
 // -8 d in fp16 bits (Q4_0's minimum) as numpy rounds the fp32 product: exact, a power of two; past
 // fp16's range an infinity; a NaN quieted, its sign kept.
 static uint16_t fp16_times_minus8(uint16_t d) {
