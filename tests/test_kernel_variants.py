@@ -387,6 +387,23 @@ def test_prefill_attention_against_the_reference_and_torch(
         assert relative_error(reference[rows], expected) < 1e-2  # the weights' bf16 rounding
 
 
+def test_prefill_attention_reads_queries_inside_wider_rows(kernels: CpuKernels) -> None:
+    """Queries as the attention layer hands them over, a view into the fused QKV output (each token's row
+    holding its keys and values too): the same bits as from a contiguous copy."""
+    g = torch.Generator().manual_seed(3)
+    heads, kv_heads, d, n = 9, 3, 64, 70
+    k_pool, v_pool = (torch.randn(100, kv_heads, d, generator=g).bfloat16() for _ in range(2))
+    kv_slots = torch.randperm(100, generator=g)[:n].view(1, n)
+    qkv = torch.randn(n, heads + 2 * kv_heads, d, generator=g)
+    lens = [torch.tensor([x]) for x in (0, n, 0)]
+    for reference in (True, False) if kernels.runs_prefill_attention else (True,):
+        inside = kernels.prefill_attention(qkv[:, :heads], k_pool, v_pool, kv_slots, *lens, reference=reference)
+        alone = kernels.prefill_attention(
+            qkv[:, :heads].contiguous(), k_pool, v_pool, kv_slots, *lens, reference=reference
+        )
+        assert torch.equal(inside, alone)
+
+
 def test_prefill_attention_is_the_same_chunked(kernels: CpuKernels) -> None:
     """A prompt attended in one call, or in two with the first part's keys cached: the second part's
     rows are the same bit for bit (each row sees the same keys in the same order)."""
@@ -454,6 +471,19 @@ def test_silu_and_mul_is_torch_swiglu_within_rounding(kernels: CpuKernels, rows:
     gate, up = gate_up.chunk(2, dim=-1)
     expected = F.silu(gate) * up
     torch.testing.assert_close(kernels.silu_and_mul(gate_up), expected, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows, n", [(1, 8), (37, 576 + 5), (3, 2048)])
+def test_rms_norm_is_torch_s_within_rounding(kernels: CpuKernels, rows: int, n: int) -> None:
+    """Over the vector body and its scalar tail, with the residual added first and without, over more
+    rows than one thread takes."""
+    x, delta, weight = torch.randn(rows, n) * 3, torch.randn(rows, n), torch.rand(n) + 0.5
+    normed, same = kernels.rms_norm(x, weight, 1e-5)
+    assert same is x
+    torch.testing.assert_close(normed, torch.rms_norm(x, (n,), weight, 1e-5), rtol=1e-6, atol=1e-6)
+    normed, total = kernels.rms_norm(x, weight, 1e-5, delta)
+    assert torch.equal(total, x + delta)
+    torch.testing.assert_close(normed, torch.rms_norm(x + delta, (n,), weight, 1e-5), rtol=1e-6, atol=1e-6)
 
 
 # -- the boundary ---------------------------------------------------------------------------------
@@ -539,6 +569,7 @@ def test_prefill_attention_refuses_mismatched_arguments(kernels: CpuKernels) -> 
         ("q_starts", torch.tensor([-1, 2]), "refused the shapes"),
         ("kv_slots", torch.tensor([[0, 10], [1, 2]]), "kv_slots holds an attended slot outside the pool"),
         ("q", torch.randn(3, 3, 16), "heads a multiple of KV heads"),
+        ("q", torch.randn(3, 16, 4).transpose(1, 2), "q must hold each token's heads contiguous"),
         ("new_lens", torch.tensor([2]), r"new_lens must have shape \[2\]"),
     ]
     for name, value, message in bad:

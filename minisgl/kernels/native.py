@@ -163,6 +163,22 @@ def _check(name: str, t: object, dtypes: tuple[torch.dtype, ...], shape: tuple[i
     return t
 
 
+def _check_token_rows(name: str, t: object) -> tuple[int, int, int]:
+    """``t``'s (tokens, heads, d) where it is an fp32 CPU [tokens, heads, d] tensor whose heads of a token
+    lie contiguous, the tokens' rows any number of floats apart (at least a row's), else a ``ValueError``
+    naming ``name``."""
+    if not isinstance(t, torch.Tensor) or t.dim() != 3:
+        raise ValueError(f"{name} must be a [tokens, heads, d] tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    tokens, heads, d = t.shape
+    if t.dtype != torch.float32 or t.device.type != "cpu":
+        raise ValueError(f"{name} must be torch.float32 on the CPU, got {t.dtype} on {t.device}")
+    if (d > 1 and t.stride(2) != 1) or (heads > 1 and t.stride(1) != d) or (tokens > 1 and t.stride(0) < heads * d):
+        raise ValueError(
+            f"{name} must hold each token's heads contiguous (shape {list(t.shape)}, strides {t.stride()})"
+        )
+    return tokens, heads, d
+
+
 Int4Buffers = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # codes, scale, minimum (``int4``'s layout)
 
 
@@ -421,13 +437,13 @@ class CpuKernels:
         prefix_lens: torch.Tensor,
         reference: bool = False,
     ) -> torch.Tensor:
-        """Causal attention of an extend pass: ``q`` [tokens, heads, d] fp32; the pools one layer's
-        [slots, kv_heads, d] bf16, every attended key and value already stored; request b's queries are
-        rows ``q_starts[b]`` .. + ``new_lens[b]``, its keys the first ``prefix_lens[b] + new_lens[b]`` of
-        ``kv_slots[b]`` ([batch, n] int64), its token t seeing ``prefix_lens[b] + t + 1`` of them →
-        [tokens, heads * d] (rows of no request are left as they were allocated)."""
-        _check("q", q, (torch.float32,), (None, None, None))
-        tokens, heads, d = q.shape
+        """Causal attention of an extend pass: ``q`` [tokens, heads, d] fp32, each token's heads
+        contiguous and its rows any number of floats apart (a view into the fused QKV output); the pools
+        one layer's [slots, kv_heads, d] bf16, every attended key and value already stored; request b's
+        queries are rows ``q_starts[b]`` .. + ``new_lens[b]``, its keys the first ``prefix_lens[b] +
+        new_lens[b]`` of ``kv_slots[b]`` ([batch, n] int64), its token t seeing ``prefix_lens[b] + t + 1``
+        of them → [tokens, heads * d] (rows of no request are left as they were allocated)."""
+        tokens, heads, d = _check_token_rows("q", q)
         _check("k_pool", k_pool, (torch.bfloat16,), (None, None, d))
         slots, kv_heads = k_pool.shape[0], k_pool.shape[1]
         _check("v_pool", v_pool, (torch.bfloat16,), tuple(k_pool.shape))
@@ -441,8 +457,8 @@ class CpuKernels:
         out = torch.empty(tokens, heads * d)
         p = self.pointer
         args = (
-            p(q), tokens, heads, kv_heads, d, p(k_pool), p(v_pool), slots, p(kv_slots), kv_slots.shape[1],
-            p(q_starts), p(new_lens), p(prefix_lens), batch, d**-0.5, p(out),
+            p(q), q.stride(0), tokens, heads, kv_heads, d, p(k_pool), p(v_pool), slots, p(kv_slots),
+            kv_slots.shape[1], p(q_starts), p(new_lens), p(prefix_lens), batch, d**-0.5, p(out),
         )  # fmt: skip
         if reference:
             self.raise_for("prefill_attention_ref", self.lib.prefill_attention_ref(*args))
@@ -474,16 +490,9 @@ class CpuKernels:
         its rows any number of floats apart (a view into the fused QKV output), by ``cos``/``sin``
         [tokens, d] (``RotaryEmbedding``'s tables: sin's first half negated) → a contiguous [tokens,
         heads, d], bit for bit ``apply_rotary``'s."""
-        if not isinstance(x, torch.Tensor) or x.dim() != 3:
-            raise ValueError(f"x must be a [tokens, heads, d] tensor, got {getattr(x, 'shape', type(x).__name__)}")
-        tokens, heads, d = x.shape
-        if x.dtype != torch.float32 or x.device.type != "cpu":
-            raise ValueError(f"x must be torch.float32 on the CPU, got {x.dtype} on {x.device}")
-        if d % 2 or x.stride(2) != 1 or x.stride(1) != d or (tokens > 1 and x.stride(0) < heads * d):
-            raise ValueError(
-                f"x must hold each token's heads contiguous, with an even d (shape {list(x.shape)}, "
-                f"strides {x.stride()})"
-            )
+        tokens, heads, d = _check_token_rows("x", x)
+        if d % 2:
+            raise ValueError(f"x must have an even d, got {d}")
         _check("cos", cos, (torch.float32,), (tokens, d))
         _check("sin", sin, (torch.float32,), (tokens, d))
         out = torch.empty(tokens, heads, d)

@@ -110,18 +110,19 @@ int paged_decode_attention_ref(const float *q, const float *k, const float *v, c
 
 // Causal attention of an extend pass's queries over a bf16 pool (prefill_attention.c), their keys and
 // values already stored: request b's queries are rows q_starts[b] .. + new_lens[b] of q [tokens, heads, d]
-// fp32, its keys and values the first prefix_lens[b] + new_lens[b] slots of kv_slots' row b ([batch,
+// fp32 (each token's heads contiguous, its row q_stride floats after the one before: a view into the fused
+// QKV output), its keys and values the first prefix_lens[b] + new_lens[b] slots of kv_slots' row b ([batch,
 // stride]), and its token t sees the first prefix_lens[b] + t + 1 of them; out [tokens, heads, d] fp32 (rows
 // of no request untouched). The body runs where prefill_attention_runs() (AVX-512 BF16; the amx build's
 // products on AMX-BF16 where d is a multiple of 32), else returns KERNELS_NO_INSTRUCTIONS.
 int prefill_attention_runs(void);
-int prefill_attention(const float *q, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d,
-                      const uint16_t *k_pool, const uint16_t *v_pool, int64_t slots, const int64_t *kv_slots,
-                      int64_t stride, const int64_t *q_starts, const int64_t *new_lens, const int64_t *prefix_lens,
-                      int64_t batch, float scale, float *out, int threads);
-int prefill_attention_ref(const float *q, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d,
-                          const uint16_t *k_pool, const uint16_t *v_pool, int64_t slots, const int64_t *kv_slots,
-                          int64_t stride, const int64_t *q_starts, const int64_t *new_lens,
+int prefill_attention(const float *q, int64_t q_stride, int64_t tokens, int64_t heads, int64_t kv_heads,
+                      int64_t d, const uint16_t *k_pool, const uint16_t *v_pool, int64_t slots,
+                      const int64_t *kv_slots, int64_t stride, const int64_t *q_starts, const int64_t *new_lens,
+                      const int64_t *prefix_lens, int64_t batch, float scale, float *out, int threads);
+int prefill_attention_ref(const float *q, int64_t q_stride, int64_t tokens, int64_t heads, int64_t kv_heads,
+                          int64_t d, const uint16_t *k_pool, const uint16_t *v_pool, int64_t slots,
+                          const int64_t *kv_slots, int64_t stride, const int64_t *q_starts, const int64_t *new_lens,
                           const int64_t *prefix_lens, int64_t batch, float scale, float *out);
 
 void rms_norm(const float *x, const float *delta, float *sum_out, const float *weight, int64_t rows, int64_t n,

@@ -40,9 +40,9 @@ static int check_arguments(int64_t tokens, int64_t heads, int64_t kv_heads, int6
 
 static float rounded_to_bf16(float v) { return float_of_bf16(bf16_of(v)); }
 
-int prefill_attention_ref(const float *q, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d,
-                          const uint16_t *k_pool, const uint16_t *v_pool, int64_t slots, const int64_t *kv_slots,
-                          int64_t stride, const int64_t *q_starts, const int64_t *new_lens,
+int prefill_attention_ref(const float *q, int64_t q_stride, int64_t tokens, int64_t heads, int64_t kv_heads,
+                          int64_t d, const uint16_t *k_pool, const uint16_t *v_pool, int64_t slots,
+                          const int64_t *kv_slots, int64_t stride, const int64_t *q_starts, const int64_t *new_lens,
                           const int64_t *prefix_lens, int64_t batch, float scale, float *out) {
     const int invalid =
         check_arguments(tokens, heads, kv_heads, d, slots, kv_slots, stride, q_starts, new_lens, prefix_lens, batch);
@@ -59,7 +59,7 @@ int prefill_attention_ref(const float *q, int64_t tokens, int64_t heads, int64_t
             for (int64_t h = 0; h < heads; h++) {
                 const int64_t token = q_starts[b] + t, seen = prefix_lens[b] + t + 1, kv = h / group;
                 const int64_t *keys = kv_slots + b * stride;
-                for (int64_t i = 0; i < d; i++) query[i] = rounded_to_bf16(q[(token * heads + h) * d + i]);
+                for (int64_t i = 0; i < d; i++) query[i] = rounded_to_bf16(q[token * q_stride + h * d + i]);
                 float top = -INFINITY, total = 0.0f;
                 for (int64_t j = 0; j < seen; j++) {
                     const uint16_t *key = k_pool + (keys[j] * kv_heads + kv) * d;
@@ -158,22 +158,40 @@ BF16 static void score_block(const uint16_t *query, const uint16_t *packed, int6
     }
 }
 
+// e^((raw - top) scale) of 16 raw scores, for weights rounded to bf16 (8 bits): as 2^t, t = (raw - top) x
+// scale x log2 e in one fma (c = scale x log2 e, top_c = top x c), 2^t = 2^n 2^f with n = round(t),
+// |f| <= 1/2, 2^f by its Taylor series to f^5 (within 3e-6 of it, where bf16's rounding is 4e-3: vec_exp's
+// fp32 accuracy would buy nothing here, at twice the instructions). t is held at -127 or above, so that an
+// overflowing product gives a weight of about 0 rather than -inf - -inf; a NaN stays one (max gives its
+// second operand where either is a NaN).
+BF16 static inline __m512 weight_of(__m512 raw, __m512 c, __m512 top_c) {
+    const __m512 t = _mm512_max_ps(_mm512_set1_ps(-127.0f), _mm512_fmsub_ps(raw, c, top_c));
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.3333558e-3f);                   // ln2^5 / 120
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));   // ln2^4 / 24
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));   // ln2^3 / 6
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));   // ln2^2 / 2
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));   // ln2
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
 // A row's softmax numerators over its `seen` keys (its raw scores times `scale`), rounded to bf16 into
-// `weights` (zero up to `keys`): their fp32 sum. The largest scaled score is the largest raw one scaled
-// (rounding keeps order), so the scaling takes no pass of its own.
+// `weights` (zero up to `keys`): their fp32 sum. The scale is positive, so the largest raw score is the
+// largest scaled one, and the scaling folds into weight_of's first fma.
 BF16 static float weigh_row(const float *scores, float scale, int64_t seen, int64_t keys, uint16_t *weights) {
     __m512 top = _mm512_set1_ps(-INFINITY);
     for (int64_t j = 0; j < seen; j += 16) {
         const __mmask16 in = (__mmask16)(seen - j >= 16 ? 0xFFFF : (1u << (seen - j)) - 1);
         top = _mm512_mask_max_ps(top, in, top, _mm512_maskz_loadu_ps(in, scores + j));
     }
-    const __m512 s = _mm512_set1_ps(scale), largest = _mm512_set1_ps(_mm512_reduce_max_ps(top) * scale);
+    const float c = scale * 1.44269504088896341f;
+    const __m512 times = _mm512_set1_ps(c), top_c = _mm512_set1_ps(_mm512_reduce_max_ps(top) * c);
     __m512 total = _mm512_setzero_ps();
     for (int64_t j = 0; j < keys; j += 16) {
         const int64_t left = seen - j;
         const __mmask16 in = (__mmask16)(left >= 16 ? 0xFFFF : left <= 0 ? 0 : (1u << left) - 1);
-        const __m512 scaled = _mm512_mul_ps(_mm512_loadu_ps(scores + j), s);
-        const __m512 e = _mm512_maskz_mov_ps(in, vec_exp(_mm512_sub_ps(scaled, largest)));
+        const __m512 e = _mm512_maskz_mov_ps(in, weight_of(_mm512_loadu_ps(scores + j), times, top_c));
         total = _mm512_add_ps(total, e);
         _mm256_storeu_si256((__m256i *)(weights + j), (__m256i)_mm512_cvtneps_pbh(e));
     }
@@ -218,7 +236,7 @@ BF16 static void sum_values_4(const uint16_t *w, int64_t ld, const uint16_t *p, 
 // h * group + r % group; `rows` of them in all.
 typedef struct {
     const float *q;
-    int64_t heads, group, d, h, token0, prefix, rows;
+    int64_t q_stride, heads, group, d, h, token0, prefix, rows;
     float scale;
     const uint16_t *keys, *values;  // packed
     float *out;
@@ -232,7 +250,7 @@ BF16 static void block_rows_of(const Head *a, int64_t first, int count, uint16_t
     for (int r = 0; r < count; r++) {
         const int64_t row = min64(first + r, last_row), t = row / a->group;
         const int64_t head = a->h * a->group + row % a->group;
-        const float *q = a->q + ((a->token0 + t) * a->heads + head) * d;
+        const float *q = a->q + (a->token0 + t) * a->q_stride + head * d;
         for (int64_t i = 0; i < d; i += 16)
             _mm256_storeu_si256((__m256i *)(query + r * d + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(q + i)));
         out[r] = first + r <= last_row ? a->out + ((a->token0 + t) * a->heads + head) * d : NULL;
@@ -337,10 +355,10 @@ BF16 static void attend_block_tiles(const Head *a, int64_t first, uint16_t *quer
 }
 #endif
 
-int prefill_attention(const float *q, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d,
-                      const uint16_t *k_pool, const uint16_t *v_pool, int64_t slots, const int64_t *kv_slots,
-                      int64_t stride, const int64_t *q_starts, const int64_t *new_lens, const int64_t *prefix_lens,
-                      int64_t batch, float scale, float *out, int threads) {
+int prefill_attention(const float *q, int64_t q_stride, int64_t tokens, int64_t heads, int64_t kv_heads,
+                      int64_t d, const uint16_t *k_pool, const uint16_t *v_pool, int64_t slots,
+                      const int64_t *kv_slots, int64_t stride, const int64_t *q_starts, const int64_t *new_lens,
+                      const int64_t *prefix_lens, int64_t batch, float scale, float *out, int threads) {
     if (!prefill_attention_runs()) return KERNELS_NO_INSTRUCTIONS;
     const int invalid =
         check_arguments(tokens, heads, kv_heads, d, slots, kv_slots, stride, q_starts, new_lens, prefix_lens, batch);
@@ -405,7 +423,7 @@ int prefill_attention(const float *q, int64_t tokens, int64_t heads, int64_t kv_
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t task = 0; task < (h1 - h0) * blocks; task++) {
                     const int64_t h = h0 + task / blocks;
-                    const Head head = {q, heads, group, d, h, q_starts[b], prefix_lens[b], rows, scale,
+                    const Head head = {q, q_stride, heads, group, d, h, q_starts[b], prefix_lens[b], rows, scale,
                                        packed_keys + (h - h0) * ld * d, packed_values + (h - h0) * ld * d, out};
                     const int64_t first = (blocks - 1 - task % blocks) * block_rows;
                     if (query == NULL) continue;
@@ -431,13 +449,13 @@ int prefill_attention(const float *q, int64_t tokens, int64_t heads, int64_t kv_
 
 int prefill_attention_runs(void) { return 0; }
 
-int prefill_attention(const float *q, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d,
-                      const uint16_t *k_pool, const uint16_t *v_pool, int64_t slots, const int64_t *kv_slots,
-                      int64_t stride, const int64_t *q_starts, const int64_t *new_lens, const int64_t *prefix_lens,
-                      int64_t batch, float scale, float *out, int threads) {
-    (void)q, (void)tokens, (void)heads, (void)kv_heads, (void)d, (void)k_pool, (void)v_pool, (void)slots;
-    (void)kv_slots, (void)stride, (void)q_starts, (void)new_lens, (void)prefix_lens, (void)batch, (void)scale;
-    (void)out, (void)threads;
+int prefill_attention(const float *q, int64_t q_stride, int64_t tokens, int64_t heads, int64_t kv_heads,
+                      int64_t d, const uint16_t *k_pool, const uint16_t *v_pool, int64_t slots,
+                      const int64_t *kv_slots, int64_t stride, const int64_t *q_starts, const int64_t *new_lens,
+                      const int64_t *prefix_lens, int64_t batch, float scale, float *out, int threads) {
+    (void)q, (void)q_stride, (void)tokens, (void)heads, (void)kv_heads, (void)d, (void)k_pool, (void)v_pool;
+    (void)slots, (void)kv_slots, (void)stride, (void)q_starts, (void)new_lens, (void)prefix_lens, (void)batch;
+    (void)scale, (void)out, (void)threads;
     return KERNELS_NO_INSTRUCTIONS;
 }
 

@@ -2,30 +2,58 @@
 // runs seven ops (through the module at one row, 17 us against 7 us here; a decode step runs 61 norms).
 //
 // With `delta` non-null: sum = x + delta is written to `sum_out`, then normalised. The arithmetic
-// is Hugging Face's order: x * (1 / sqrt(mean(x^2) + eps)), times the weight.
+// is Hugging Face's order: x * (1 / sqrt(mean(x^2) + eps)), times the weight. The squares are summed
+// in WIDTH lanes (two chains of them) where the build has vectors: one chain of scalar adds is
+// bound by its latency, about four cycles a value.
 
 #include <math.h>
 #include <stdint.h>
 
 #include "kernels.h"
+#include "simd.h"
+
+// Sum of squares of row (after writing row + delta to sum where delta is non-null); the row read is
+// `sum` then.
+static float squares_of(const float *row, const float *delta, float *sum, int64_t n) {
+    int64_t i = 0;
+    float squares = 0.0f;
+#if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
+    VecF even = vec_zero(), odd = vec_zero();
+    for (; i + 2 * WIDTH <= n; i += 2 * WIDTH) {
+        VecF a = vec_load(row + i), b = vec_load(row + i + WIDTH);
+        if (delta != 0) {
+            a = vec_add(a, vec_load(delta + i));
+            b = vec_add(b, vec_load(delta + i + WIDTH));
+            vec_store(sum + i, a);
+            vec_store(sum + i + WIDTH, b);
+        }
+        even = vec_fmadd(a, a, even);
+        odd = vec_fmadd(b, b, odd);
+    }
+    squares = vec_reduce_add(vec_add(even, odd));
+#endif
+    for (; i < n; i++) {
+        const float v = delta != 0 ? (sum[i] = row[i] + delta[i]) : row[i];
+        squares += v * v;
+    }
+    return squares;
+}
 
 void rms_norm(const float *x, const float *delta, float *sum_out, const float *weight, int64_t rows, int64_t n,
               float eps, float *out, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 16)
     for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * n;
         float *sr = delta != 0 ? sum_out + r * n : 0;
-        float squares = 0.0f;
-        if (sr != 0) {
-            for (int64_t i = 0; i < n; i++) {
-                sr[i] = xr[i] + delta[r * n + i];
-                squares += sr[i] * sr[i];
-            }
-            xr = sr;
-        } else {
-            for (int64_t i = 0; i < n; i++) squares += xr[i] * xr[i];
-        }
+        const float squares = squares_of(x + r * n, delta != 0 ? delta + r * n : 0, sr, n);
+        const float *xr = sr != 0 ? sr : x + r * n;
         const float inverse = 1.0f / sqrtf(squares / (float)n + eps);
-        for (int64_t i = 0; i < n; i++) out[r * n + i] = weight[i] * (xr[i] * inverse);
+        float *to = out + r * n;
+        int64_t i = 0;
+#if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
+        const VecF scale = vec_set1(inverse);
+        for (; i + WIDTH <= n; i += WIDTH)
+            vec_store(to + i, vec_mul(vec_load(weight + i), vec_mul(vec_load(xr + i), scale)));
+#endif
+        for (; i < n; i++) to[i] = weight[i] * (xr[i] * inverse);
     }
 }
