@@ -66,8 +66,22 @@ def test_a_failing_compiler_is_reported(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # exits 1 for every source
     with pytest.raises(OSError, match="false failed for avx2"):
-        native._build(VARIANTS[-1])
+        native.load_sources("avx2", native.SOURCE_DIR)
     assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-built is left to load
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_other_sources_are_bound_through_their_own_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another commit's kernels (a benchmark timing two in one process) are called as their kernels.h
+    declares them, not as this package's does."""
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    other = tmp_path / "other"
+    shutil.copytree(native.SOURCE_DIR, other)
+    (other / "kernels.h").write_text((other / "kernels.h").read_text() + "int answer(int x);\n")
+    (other / "answer.c").write_text('#include "kernels.h"\nint answer(int x) { return 2 * x; }\n')
+    kernels = native.load_sources("avx2", other)
+    assert kernels.lib.answer(21) == 42
+    assert not hasattr(native.load_variant("avx2").lib, "answer")
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
@@ -402,6 +416,23 @@ def test_prefill_attention_reads_queries_inside_wider_rows(kernels: CpuKernels) 
             qkv[:, :heads].contiguous(), k_pool, v_pool, kv_slots, *lens, reference=reference
         )
         assert torch.equal(inside, alone)
+
+
+def test_prefill_attention_keeps_a_nan_in_its_own_row(kernels: CpuKernels) -> None:
+    """A NaN query gives its own row NaN (its softmax weights stay NaN, not a weight of about 0) and leaves
+    the other rows, which see the same keys, as they were."""
+    if not kernels.runs_prefill_attention:
+        pytest.skip(f"the {kernels.variant.name} build has no prefill attention body (it needs AVX-512 BF16)")
+    g = torch.Generator().manual_seed(7)
+    k_pool, v_pool = (torch.randn(40, 2, 32, generator=g).bfloat16() for _ in range(2))
+    q = torch.randn(20, 4, 32, generator=g)
+    lens = (torch.arange(20).view(1, 20), torch.tensor([0]), torch.tensor([20]), torch.tensor([0]))
+    clean = kernels.prefill_attention(q, k_pool, v_pool, *lens).view(20, 4, 32)
+    q[5, 1, 3] = float("nan")
+    out = kernels.prefill_attention(q, k_pool, v_pool, *lens).view(20, 4, 32)
+    assert torch.isnan(out[5, 1]).all()
+    out[5, 1] = clean[5, 1]
+    assert torch.equal(out, clean)
 
 
 def test_prefill_attention_is_the_same_chunked(kernels: CpuKernels) -> None:

@@ -89,8 +89,15 @@ def resolve_kernels(choice: str, flags: frozenset[str] | None = None) -> CpuKern
 def load_variant(name: str) -> CpuKernels:
     """One variant's library, built on first use (a few seconds) and then loaded from the cache.
     Raises ``OSError`` where it does not build."""
+    return load_sources(name, SOURCE_DIR)
+
+
+def load_sources(name: str, source_dir: Path) -> CpuKernels:
+    """One variant's library built from the kernel sources in ``source_dir`` and bound through that
+    directory's own ``kernels.h``: this package's (``load_variant``), or another commit's for a benchmark
+    that times two commits' kernels in one process."""
     variant = next(v for v in VARIANTS if v.name == name)
-    return CpuKernels(_build(variant), variant)
+    return CpuKernels(_build(variant, source_dir), variant, source_dir / "kernels.h")
 
 
 def _cache_dir() -> Path:
@@ -98,15 +105,15 @@ def _cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def _build(variant: Variant) -> Path:
-    """The shared library of ``variant``, compiled once per source, compiler and flags: each source
-    in its own compiler process (they run in parallel), then linked."""
+def _build(variant: Variant, source_dir: Path) -> Path:
+    """The shared library of ``variant`` from the sources in ``source_dir``, compiled once per source,
+    compiler and flags: each source in its own compiler process (they run in parallel), then linked."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise OSError("no C compiler (cc, gcc or $CC)")
     flags = ["-O3", *variant.compile_flags, "-fopenmp", "-fPIC", "-std=c11"]
-    sources = sorted(SOURCE_DIR.glob("*.c"))
-    texts = [f.read_text() for f in sorted(SOURCE_DIR.glob("*.[ch]"))]  # the headers too
+    sources = sorted(source_dir.glob("*.c"))
+    texts = [f.read_text() for f in sorted(source_dir.glob("*.[ch]"))]  # the headers too
     key = hashlib.sha256("\n".join([*texts, compiler, *flags]).encode()).hexdigest()[:16]
     target = _cache_dir() / f"cpu_kernels-{variant.name}-{key}.so"
     if target.is_file():
@@ -133,10 +140,10 @@ def _build(variant: Variant) -> Path:
 
 
 @cache
-def _ffi() -> cffi.FFI:
-    """The boundary as cffi reads it: ``kernels.h`` without its preprocessor lines."""
+def _ffi(header: Path) -> cffi.FFI:
+    """The boundary as cffi reads it: ``header`` (``kernels.h``) without its preprocessor lines."""
     ffi = cffi.FFI()
-    ffi.cdef("\n".join(line for line in HEADER.read_text().splitlines() if not line.lstrip().startswith("#")))
+    ffi.cdef("\n".join(line for line in header.read_text().splitlines() if not line.lstrip().startswith("#")))
     return ffi
 
 
@@ -257,8 +264,9 @@ class CpuKernels:
     ``x`` and call. Methods with ``reference=True`` run the plain C reference the library exports
     instead of its SIMD body (the tests' yardstick)."""
 
-    def __init__(self, path: Path, variant: Variant) -> None:
-        self.variant, self.ffi = variant, _ffi()
+    def __init__(self, path: Path, variant: Variant, header: Path = HEADER) -> None:
+        """``path``: the library, built from the sources beside ``header``, its declarations."""
+        self.variant, self.ffi = variant, _ffi(header)
         self.lib: Any = self.ffi.dlopen(str(path))
         for name in dir(self.lib):  # every declaration of the header resolves in the library: now, not at first use
             try:

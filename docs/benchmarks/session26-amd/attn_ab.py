@@ -24,9 +24,7 @@ for source in native.SOURCE_DIR.iterdir():
         ["git", "show", f"{base}:minisgl/kernels/cpu/{source.name}"], capture_output=True, text=True, check=True
     )
     (old_src / source.name).write_text(shown.stdout)
-native.SOURCE_DIR = old_src
-native.load_variant.cache_clear()
-old = native.load_variant("avx512")
+old = native.load_sources("avx512", old_src)
 
 
 def case(heads: int, kv_heads: int, d: int, layers: int, batch: int, prefix: int, own: int) -> Callable:

@@ -29,14 +29,7 @@ from minisgl.layers.quant import Int4Weight
 
 
 def kernels_with_prefetch(distance: int, root: Path) -> native.CpuKernels:
-    original = native.SOURCE_DIR
-    native.SOURCE_DIR = sources_with_prefetch(distance, root)
-    native.load_variant.cache_clear()
-    try:
-        return native.load_variant("avx512")
-    finally:
-        native.SOURCE_DIR = original
-        native.load_variant.cache_clear()
+    return native.load_sources("avx512", sources_with_prefetch(distance, root))
 
 
 def main() -> None:

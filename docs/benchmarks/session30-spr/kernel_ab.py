@@ -35,18 +35,6 @@ DECODE = [
 DECODE_ROWS = (1, 8, 16, 32)
 
 
-def amx_library(source_dir: Path) -> native.CpuKernels:
-    """The amx build of the kernel sources in ``source_dir`` (the swap of session 28's prefetch_sweep.py)."""
-    original = native.SOURCE_DIR
-    native.SOURCE_DIR = source_dir
-    native.load_variant.cache_clear()
-    try:
-        return native.load_variant("amx")
-    finally:
-        native.SOURCE_DIR = original
-        native.load_variant.cache_clear()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, help="the commit whose kernel sources are the baseline")
@@ -55,8 +43,8 @@ def main() -> None:
         archive = subprocess.run(["git", "archive", args.base, "minisgl/kernels/cpu"], capture_output=True, check=True)
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
             tar.extractall(tmp, filter="data")
-        base = amx_library(Path(tmp) / "minisgl/kernels/cpu")
-    new = amx_library(native.SOURCE_DIR)
+        base = native.load_sources("amx", Path(tmp) / "minisgl/kernels/cpu")
+    new = native.load_variant("amx")
     print(f"# {machine_info(torch.get_num_threads())['cpu']}, {torch.get_num_threads()} threads; the amx build "
           f"({new.variant.description}) of {args.base} against the working tree")  # fmt: skip
     print("| prefill rows' product | rows | base ms | new ms | speed-up | new GFLOP/s | same bits |")

@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from benchmarks.machine import cpu_flags, machine_info
 from minisgl.kernels.native import resolve_kernels
 from minisgl.layers.quant import Int4Weight
 
@@ -19,7 +20,9 @@ SHAPES = [("1.7B gate_up", 16384, 2048), ("1.7B down", 2048, 8192), ("135M gate_
 
 def main() -> None:
     kernels = resolve_kernels("c")
-    print(f"# {kernels}")
+    amx = " ".join(sorted(f for f in cpu_flags() if f.startswith("amx"))) or "none"
+    print(f"# {machine_info(torch.get_num_threads())['cpu']}, AMX: {amx}; {torch.get_num_threads()} threads; "
+          f"quant_gemm.c's {kernels.variant.name} build ({kernels.variant.description})")  # fmt: skip
     torch.manual_seed(0)
     for name, n, k in SHAPES:
         product = Int4Weight.quantize(torch.randn(n, k) * 0.02).bind(kernels, 1)
