@@ -64,3 +64,20 @@ def test_temperature_below_the_threshold_is_greedy() -> None:
     assert SamplingParams(temperature=GREEDY_TEMPERATURE / 10).greedy
     assert SamplingParams(temperature=1e-38).greedy
     assert not SamplingParams(temperature=GREEDY_TEMPERATURE).greedy
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.integers(1, 40),
+    vocab=st.integers(1, 300),
+    levels=st.integers(1, 4),  # few distinct values: most rows tie at their maximum
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_greedy_rows_take_argmax_s_token_ties_included(rows: int, vocab: int, levels: int, seed: int) -> None:
+    """The greedy token is the first of a row's largest logits, as torch.argmax gives it, at any batch
+    and vocabulary size (the sampler takes max's indices, a faster kernel)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randint(0, levels, (rows, vocab), generator=g).float()
+    greedy = [SamplingParams(temperature=0.0)] * rows
+    sampled = Sampler().sample(logits.clone(), SamplingRows(greedy, [None] * rows))
+    assert torch.equal(sampled.next_ids, torch.argmax(logits, dim=-1))

@@ -313,7 +313,9 @@ def test_a_slow_grammar_compiles_while_a_stream_runs(server: Server) -> None:
     assert any(json.dumps(c).startswith(first.json()["text"]) for c in cities), first.text  # one token of one
     assert whole.status_code == 200 and json.loads(whole.json()["text"]) in cities, whole.text
     during = sum(submitted < t < answered for t in arrivals)
-    assert arrivals[-1] > answered and during >= 5, (during, answered - submitted)
+    # Three or more: the compile shares the 2 cores with the stream's steps and slows them, so a count
+    # tied to their speed fails on a busy machine (4 in one CI run); a held stream would get one or two.
+    assert arrivals[-1] > answered and during >= 3, (during, answered - submitted)
 
 
 def test_a_grammar_that_fails_to_compile_is_a_400_before_its_stream(server: Server) -> None:

@@ -105,10 +105,15 @@ def _cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
+def c_compiler() -> str | None:
+    """The compiler the kernels are built with: $CC, else cc or gcc on the PATH; None for none."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
 def _build(variant: Variant, source_dir: Path) -> Path:
     """The shared library of ``variant`` from the sources in ``source_dir``, compiled once per source,
     compiler and flags: each source in its own compiler process (they run in parallel), then linked."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = c_compiler()
     if compiler is None:
         raise OSError("no C compiler (cc, gcc or $CC)")
     flags = ["-O3", *variant.compile_flags, "-fopenmp", "-fPIC", "-std=c11"]
