@@ -14,7 +14,12 @@ import random
 import sys
 import time
 
+import torch
+
+from benchmarks.machine import cpu_model, load_average
 from minisgl.batch import Batch
+from minisgl.kernels.native import cpu_paths
+from minisgl.kernels.variants import cpu_flags
 from minisgl.llm import LLM
 from minisgl.sampler import Sampled
 from minisgl.sampling import SamplingParams
@@ -23,6 +28,9 @@ from minisgl.sampling import SamplingParams
 def main() -> None:
     llm = LLM(sys.argv[1] if len(sys.argv) > 1 else None)
     engine = llm.scheduler.engine
+    amx = sorted(f for f in cpu_flags() if f.startswith("amx"))
+    print(f"# {cpu_model()}, AMX: {' '.join(amx) or 'none'}, {torch.get_num_threads()} threads; quantized products: "
+          f"{cpu_paths(engine.kernels)}; load average {load_average()}")  # fmt: skip
     passes: list[tuple[bool, float]] = []  # (prefill?, seconds) of each pass
     forward = engine.forward
 
