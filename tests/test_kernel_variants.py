@@ -24,7 +24,7 @@ from tests.conftest import c_kernels_or_skip
 
 AVX2 = frozenset({"avx2", "fma", "f16c"})
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
-AMX = frozenset({"avx512_bf16", "avx512vbmi", "amx_tile", "amx_bf16"})
+AMX = frozenset({"avx512_bf16", "avx512vbmi", "amx_tile", "amx_bf16", "amx_int8"})
 # The SIMD bodies sum the same integers as the references in another order: fp32 rounding only.
 REFERENCE_TOLERANCE = 1e-5
 
@@ -129,7 +129,9 @@ def test_int4_product_is_its_reference_bit_for_bit(kernels: CpuKernels, n: int, 
     buffers = (weight.codes, weight.scale, weight.minimum, n, digits)
     simd, reference = kernels.int4(*buffers), kernels.int4(*buffers, reference=True)
     other_digits = kernels.int4(*buffers[:4], 3 - digits)
-    for rows in (1, 2, 5, 8, 9, 17, 70):  # register tiles of 8 rows of x, and remainders
+    # Register tiles of 8 rows of x and remainders; from 9 rows on, the amx build's tile products, 16 rows of
+    # x at a time (17, 70: full blocks and a part-filled one).
+    for rows in (1, 2, 5, 8, 9, 17, 70):
         x = torch.randn(rows, k, generator=g) * 3
         y = simd(x)
         assert y.shape == (rows, n)
@@ -168,7 +170,7 @@ def test_largest_int8_values_stay_inside_the_int32_sums(kernels: CpuKernels) -> 
     dense[2, ::2] = -1.0
     weight = Int8Weight.quantize(dense)
     weight.kernels, weight.digits = kernels, 2
-    x = torch.cat([torch.ones(1, k), -torch.ones(1, k), torch.full((1, k), 0.7)])
+    x = torch.cat([torch.ones(1, k), -torch.ones(1, k), torch.full((1, k), 0.7)]).repeat(4, 1)  # 12: tiles too
     expected = rounded_per_group(x, 2) @ dense.T
     torch.testing.assert_close(weight(x), expected, rtol=1e-5, atol=1e-5)  # an overflow: far off
 
@@ -178,7 +180,7 @@ def test_largest_int4_values_stay_inside_the_int16_sums(kernels: CpuKernels) -> 
     k, n = 4096, 3
     codes = torch.full((n, k), 15, dtype=torch.uint8)
     weight = Int4Weight.from_codes(codes, torch.ones(n, k // 32), torch.zeros(n, k // 32))
-    x = torch.cat([torch.ones(1, k), -torch.ones(1, k), torch.full((1, k), 0.7)])
+    x = torch.cat([torch.ones(1, k), -torch.ones(1, k), torch.full((1, k), 0.7)]).repeat(4, 1)
     y = kernels.int4(weight.codes, weight.scale, weight.minimum, n, digits=2)(x)
     torch.testing.assert_close(y, rounded_per_group(x, 2) @ weight.dequantize().T, rtol=1e-5, atol=1e-5)
 

@@ -15,7 +15,7 @@
   (``FusedDecoder``): at one request the Python between them was a third of the step.
 
 Variants: the same sources are built into one library per instruction set (``VARIANTS``: AVX-512
-VNNI with AMX-BF16 for prefill rows, AVX-512 VNNI, AVX2 + AVX-VNNI, AVX2 + FMA), each with its own
+VNNI with AMX-BF16 for prefill rows and AMX-INT8 for decode batches, AVX-512 VNNI, AVX2 + AVX-VNNI, AVX2 + FMA), each with its own
 ``-m`` flags, into the user's cache, with the system's C compiler (``cc``, or ``$CC``).
 ``host_variants`` says which this CPU can run (from ``/proc/cpuinfo``); the engine resolves
 ``EngineConfig.kernels`` once (``resolve_kernels``) and hands the loaded library, or None for torch's
@@ -646,7 +646,7 @@ def cpu_paths(kernels: CpuKernels | None) -> dict[str, str]:
     (it asks the kernel for AMX tiles itself, ``arch_prctl(ARCH_REQ_XCOMP_PERM)``)."""
     if kernels is not None and kernels.bf16_prefill:
         return {
-            "decode rows": "minisgl C kernels (AVX-512 VNNI)",
+            "decode rows": "minisgl C kernels (AVX-512 VNNI; from 9 rows, AMX-INT8 sums)",
             "prefill rows": "minisgl C kernels (bf16 on AMX-BF16)",
         }
     if kernels is not None:

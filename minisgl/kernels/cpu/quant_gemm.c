@@ -34,6 +34,10 @@
 // - int8: acc = fma(dot(q, code), step, acc); y = acc * scale,
 // the dequantized weight times the rounded x.
 //
+// With the amx build, batches of more than GEMM_ROWS rows (which the vector bodies would read in more than
+// one pass) sum each group's integer products on the tile unit instead (AMX-INT8, below): the same
+// integers, then the same chains of fmas.
+//
 // Threads: the tiles are split over `threads` OpenMP threads, each a contiguous run of them; x is
 // rounded once, row by row over them.
 
@@ -46,6 +50,7 @@
 // The loops' blocking, by design from the cache sizes; prefill and decode speed with them:
 // benchmarks.prefill_speed and benchmarks.decode_per_byte.
 #define GEMM_ROWS 8    // rows of x per register tile
+#define AMX_ROWS 16    // rows of x per tile product (the amx build's, below)
 #define BLOCK_TILES 8  // tiles a register tile of x runs against while in L1 (their span's codes: L2)
 #define SPAN 32        // groups per pass over the rows of x: a span's codes and a register tile's x stay in L1
 #define TURN 8         // one row of x, 256-bit registers: groups a tile's first vector of rows runs before its second
@@ -91,12 +96,15 @@ typedef struct {
     float *step, *sum;
     int32_t *total;
     int16_t *wide;  // the int8 product's operand with AVX2 alone (widen_rows); NULL elsewhere
+    float *block_step, *block_sum;  // the amx build's: step and sum by block of AMX_ROWS rows (block_steps)
 } RoundedX;
 
 static int round_rows(RoundRow round_row, const float *x, int digits, int64_t rows, int64_t K,
                       Scratch *scratch, RoundedX *out, int threads) {
     const int64_t groups = K / GROUP;
-    const size_t code_bytes = round64((size_t)(rows * K));
+    // The digits' rows up to a multiple of AMX_ROWS: the amx build's tile loads read that many at a time (the
+    // rows past the last give sums that are never read).
+    const size_t code_bytes = round64((size_t)((rows + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS * K));
     const size_t step_bytes = round64(sizeof(float) * (size_t)(rows * groups));
     char *buffer = scratch_reserve(scratch, 2 * code_bytes + 3 * step_bytes);
     if (buffer == NULL) return KERNELS_NO_MEMORY;
@@ -106,6 +114,7 @@ static int round_rows(RoundRow round_row, const float *x, int digits, int64_t ro
     out->sum = (float *)(buffer + 2 * code_bytes + step_bytes);
     out->total = (int32_t *)(buffer + 2 * code_bytes + 2 * step_bytes);
     out->wide = NULL;
+    out->block_step = out->block_sum = NULL;
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++)
         round_row(x + r * K, K, digits, out->codes + r * K, out->low + r * K,
@@ -466,6 +475,211 @@ GEMM_TILES(4, 2)
 GEMM_TILES(8, 1)
 GEMM_TILES(8, 2)
 
+#if defined(KERNELS_AMX)
+// Batches of more than GEMM_ROWS rows on the tile unit (AMX-INT8): per tile of 16 outputs, block of 16 rows
+// of x and group, one tile product sums the group's integer dot products (x's digits by the codes, 16 x 16
+// int32), and the vector registers take those sums through gemm_tile's chain of fmas per output. The integer
+// sums are exact, so the outputs are gemm_tile's bit for bit: a row's outputs do not depend on how many rows
+// came with it. From 9 rows on, where the vector bodies read the codes twice, this is faster (below 9 the
+// tile side costs more than it saves): docs/benchmarks/session33-spr/amx_decode_ab.py.
+// The int8 codes are stored in the tile instruction's layout (8 tile rows of 16 outputs x 4 columns); the
+// int4 ones are too once unpacked to bytes, which is done UNPACK_AHEAD groups before their tile load (a tile
+// load of bytes that vector stores wrote just before waits for those stores). Tile registers: 0-3 the sums of
+// the groups in flight (4 groups, or 2 pairs with two digits), 4-5 x's digits, 6-7 the codes.
+#define UNPACK_AHEAD 4
+#define UNPACK_RING 8  // unpacked groups' buffers, a power of two above UNPACK_AHEAD
+#define UNPACKED_BYTES (8 * 4 * TILE)
+
+// x's steps and sums per block of AMX_ROWS rows and group, the block's rows together ([blocks, groups,
+// AMX_ROWS], zeros past the last row): the vector side's loads of a group's 16 then lie at fixed offsets
+// from one address, where rows of x take a register each.
+static int block_steps(RoundedX *x, int64_t rows, int64_t K, Scratch *scratch) {
+    const int64_t groups = K / GROUP, padded = (rows + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS;
+    float *block = scratch_reserve(scratch, sizeof(float) * (size_t)(2 * padded * groups));
+    if (block == NULL) return KERNELS_NO_MEMORY;
+    x->block_step = block, x->block_sum = block + padded * groups;
+    for (int64_t r = 0; r < padded; r++)
+        for (int64_t g = 0; g < groups; g++) {
+            const int64_t at = (r / AMX_ROWS * groups + g) * AMX_ROWS + r % AMX_ROWS;
+            x->block_step[at] = r < rows ? x->step[r * groups + g] : 0.0f;
+            x->block_sum[at] = r < rows ? x->sum[r * groups + g] : 0.0f;
+        }
+    return KERNELS_OK;
+}
+
+static void amx_int_configure(void) {
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 4; t++) c.rows[t] = AMX_ROWS, c.columns[t] = 4 * TILE;  // sums: 16 rows x 16 int32
+    for (int t = 4; t < 6; t++) c.rows[t] = AMX_ROWS, c.columns[t] = GROUP;     // a group of x's digits
+    for (int t = 6; t < 8; t++) c.rows[t] = GROUP / 4, c.columns[t] = 4 * TILE;  // codes: 8 x 16 outputs x 4
+    _tile_loadconfig(&c);
+}
+
+// A group's int4 codes (rows_of's layout) as bytes in the tile layout: the 4 low-nibble pieces (columns
+// 0-15), then the 4 high-nibble ones.
+static inline void unpack_group(const uint8_t *codes, uint8_t *out) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    for (int i = 0; i < 4; i++) {
+        const __m512i v = _mm512_loadu_si512(codes + i * 4 * TILE);
+        _mm512_store_si512(out + i * 4 * TILE, _mm512_and_si512(v, nibble));
+        _mm512_store_si512(out + (4 + i) * 4 * TILE, _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
+    }
+}
+
+// A group's tile products: x's digits (tile A, and AL for the low digit) by the codes (tile B) into the sums
+// tiles C (and CL). The tile numbers are literals.
+#define AMX_PRODUCT(BITS, DIGITS, A, AL, B, C, CL, xa, xl, K, codes) \
+    do {                                                             \
+        _tile_loadd(B, codes, 4 * TILE);                             \
+        _tile_loadd(A, xa, K);                                       \
+        _tile_zero(C);                                               \
+        if (BITS == 4)                                               \
+            _tile_dpbsud(C, A, B);                                   \
+        else                                                         \
+            _tile_dpbssd(C, A, B);                                   \
+        if (DIGITS == 2) {                                           \
+            _tile_loadd(AL, xl, K);                                  \
+            _tile_zero(CL);                                          \
+            if (BITS == 4)                                           \
+                _tile_dpbsud(CL, AL, B);                             \
+            else                                                     \
+                _tile_dpbssd(CL, AL, B);                             \
+        }                                                            \
+    } while (0)
+
+// A group's sums from tiles C (and CL) to memory, a tile a run of AMX_ROWS x TILE int32.
+#define AMX_STORE(DIGITS, C, CL, sums)                                \
+    do {                                                              \
+        _tile_stored(C, sums, 4 * TILE);                              \
+        if (DIGITS == 2) _tile_stored(CL, (sums) + AMX_ROWS * TILE, 4 * TILE); \
+    } while (0)
+
+// The tile unit runs its instructions in order, so a group's sums are stored a group after its product
+// (a store right after it would hold the next products back for the whole product), and the vector side
+// takes them AMX_LAG groups after the product. Memory holds 4 groups' sums.
+#define AMX_LAG 3
+
+// R rows of x from r0 (R <= AMX_ROWS) against one tile of output rows, all groups; `ring` holds
+// UNPACK_RING unpacked groups, `sums` 4 groups' sums of each digit.
+static inline __attribute__((always_inline)) void amx_tile(const int BITS, const int DIGITS, int64_t R, int64_t K,
+                                                           const Rows *w, const RoundedX *x, int64_t r0, int64_t N,
+                                                           float *y, uint8_t *ring, int32_t *sums) {
+    const int64_t groups = K / GROUP, group_bytes = 4 * BITS * TILE, group_sums = DIGITS * AMX_ROWS * TILE;
+    VecF acc[AMX_ROWS];
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < R; r++) acc[r] = zero_ps();
+    if (BITS == 4)
+        for (int64_t u = 0; u < UNPACK_AHEAD && u < groups; u++)
+            unpack_group(w->codes + u * group_bytes, ring + u % UNPACK_RING * UNPACKED_BYTES);
+    for (int64_t g = 0; g < groups + AMX_LAG; g++) {
+        if (g < groups) {
+            const uint8_t *codes = w->codes + g * group_bytes;
+            _mm_prefetch((const char *)(codes + PREFETCH), _MM_HINT_T0);
+            if (BITS == 4) {
+                if (g + UNPACK_AHEAD < groups)
+                    unpack_group(codes + UNPACK_AHEAD * group_bytes,
+                                 ring + (g + UNPACK_AHEAD) % UNPACK_RING * UNPACKED_BYTES);
+                codes = ring + g % UNPACK_RING * UNPACKED_BYTES;
+            }
+            const int8_t *xa = x->codes + r0 * K + g * GROUP, *xl = x->low + r0 * K + g * GROUP;
+            // Sums tiles: 0-3 a group each with one digit, pairs 0-1 and 2-3 with two.
+            if (DIGITS == 2) {
+                if (g % 2 == 0) AMX_PRODUCT(BITS, 2, 4, 5, 6, 0, 1, xa, xl, K, codes);
+                else AMX_PRODUCT(BITS, 2, 4, 5, 7, 2, 3, xa, xl, K, codes);
+            } else {
+                switch (g % 4) {
+                    case 0: AMX_PRODUCT(BITS, 1, 4, 4, 6, 0, 0, xa, xl, K, codes); break;
+                    case 1: AMX_PRODUCT(BITS, 1, 5, 5, 7, 1, 1, xa, xl, K, codes); break;
+                    case 2: AMX_PRODUCT(BITS, 1, 4, 4, 6, 2, 2, xa, xl, K, codes); break;
+                    default: AMX_PRODUCT(BITS, 1, 5, 5, 7, 3, 3, xa, xl, K, codes); break;
+                }
+            }
+        }
+        const int64_t stored = g - 1;
+        if (stored >= 0 && stored < groups) {
+            int32_t *to = sums + stored % 4 * group_sums;
+            if (DIGITS == 2) {
+                if (stored % 2 == 0) AMX_STORE(2, 0, 1, to);
+                else AMX_STORE(2, 2, 3, to);
+            } else {
+                switch (stored % 4) {
+                    case 0: AMX_STORE(1, 0, 0, to); break;
+                    case 1: AMX_STORE(1, 1, 1, to); break;
+                    case 2: AMX_STORE(1, 2, 2, to); break;
+                    default: AMX_STORE(1, 3, 3, to); break;
+                }
+            }
+        }
+        const int64_t e = g - AMX_LAG;  // the group whose sums the vector side takes now
+        if (e < 0) continue;
+        const int32_t *high = sums + e % 4 * group_sums, *low = high + AMX_ROWS * TILE;
+        VecF s = zero_ps(), m = zero_ps();
+        if (BITS == 4) {
+            s = load_ph(w->scale + e * TILE);
+            m = load_ph(w->minimum + e * TILE);
+        }
+        const float *step = x->block_step + (r0 / AMX_ROWS * groups + e) * AMX_ROWS;
+        const float *sum = x->block_sum + (r0 / AMX_ROWS * groups + e) * AMX_ROWS;
+#pragma GCC unroll 16
+        for (int64_t r = 0; r < R; r++) {
+            VecI dot = load_si(high + r * TILE);
+            if (DIGITS == 2) dot = add_32(slli_32(dot, 8), load_si(low + r * TILE));
+            if (BITS == 4) {
+                acc[r] = fma_ps(cvt_ps(dot), mul_ps(s, set1_ps(step[r])), acc[r]);
+                acc[r] = fma_ps(m, set1_ps(sum[r]), acc[r]);
+            } else {
+                acc[r] = fma_ps(cvt_ps(dot), set1_ps(step[r]), acc[r]);
+            }
+        }
+    }
+    const VecF row_scale = BITS == 8 ? load_ps(w->row_scale) : zero_ps();
+    float lanes[AMX_ROWS][V];
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < R; r++) store_ps(lanes[r], BITS == 8 ? mul_ps(acc[r], row_scale) : acc[r]);
+    for (int64_t r = 0; r < R; r++) memcpy(y + (r0 + r) * N + w->o0, lanes[r], sizeof(float) * (size_t)w->live);
+}
+
+typedef void (*AmxTileFn)(int64_t, int64_t, const Rows *, const RoundedX *, int64_t, int64_t, float *, uint8_t *,
+                          int32_t *);
+#define AMX_TILE(BITS, DIGITS)                                                                                   \
+    static void amx_tile_##BITS##_##DIGITS(int64_t R, int64_t K, const Rows *w, const RoundedX *x, int64_t r0,  \
+                                           int64_t N, float *y, uint8_t *ring, int32_t *sums) {                 \
+        if (R == AMX_ROWS) /* a literal: the sums stay in registers */                                          \
+            amx_tile(BITS, DIGITS, AMX_ROWS, K, w, x, r0, N, y, ring, sums);                                    \
+        else                                                                                                    \
+            amx_tile(BITS, DIGITS, R, K, w, x, r0, N, y, ring, sums);                                           \
+    }
+AMX_TILE(4, 1)
+AMX_TILE(4, 2)
+AMX_TILE(8, 1)
+AMX_TILE(8, 2)
+
+// Every row of x against every tile, the tiles in `blocks` runs of `block` split over the threads (as gemm's).
+static void amx_gemm(int bits, int digits, const RoundedX *x, int64_t rows, int64_t K, const void *codes,
+                     const void *scale, const uint16_t *minimum, int64_t N, float *y, int64_t blocks, int64_t block,
+                     int threads) {
+    const AmxTileFn run = digits == 1 ? (bits == 4 ? amx_tile_4_1 : amx_tile_8_1)
+                                      : (bits == 4 ? amx_tile_4_2 : amx_tile_8_2);
+    const int64_t tiles = (N + TILE - 1) / TILE;
+#pragma omp parallel num_threads(threads)
+    {
+        uint8_t ring[UNPACK_RING * UNPACKED_BYTES] __attribute__((aligned(64)));
+        int32_t sums[4 * 2 * AMX_ROWS * TILE] __attribute__((aligned(64)));  // 4 groups' of two digits at most
+        amx_int_configure();
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++)
+            for (int64_t t = b * block; t < min64(b * block + block, tiles); t++)
+                for (int64_t r0 = 0; r0 < rows; r0 += AMX_ROWS) {
+                    const Rows w = rows_of(bits, codes, scale, minimum, K / GROUP, N, t, 0);
+                    run(min64(AMX_ROWS, rows - r0), K, &w, x, r0, N, y, ring, sums);
+                }
+        _tile_release();
+    }
+}
+#endif
+
 // Every row of x against every tile of a BITS-bit weight (rows_of's codes, scale, minimum).
 static int gemm(int bits, const float *x, int digits, int64_t rows, int64_t K, const void *codes,
                 const void *scale, const uint16_t *minimum, int64_t N, float *y, int threads) {
@@ -484,6 +698,14 @@ static int gemm(int bits, const float *x, int digits, int64_t rows, int64_t K, c
     // blocks come in a multiple of the threads, so that each thread gets the same number.
     const int64_t blocks = threads * ((tiles + threads * BLOCK_TILES - 1) / (threads * BLOCK_TILES));
     const int64_t block = (tiles + blocks - 1) / blocks;
+#if defined(KERNELS_AMX)
+    if (rows > GEMM_ROWS) {
+        static _Thread_local Scratch block_scratch;
+        if (block_steps(&xr, rows, K, &block_scratch)) return KERNELS_NO_MEMORY;
+        amx_gemm(bits, digits, &xr, rows, K, codes, scale, minimum, N, y, blocks, block, threads);
+        return KERNELS_OK;
+    }
+#endif
     if (rows <= GEMM_ROWS) {
         // One register tile of x reads each code once: tile by tile, a tile's codes as one stream. Where a
         // tile is two vectors of rows (256-bit registers) they take turns every TURN groups, the second

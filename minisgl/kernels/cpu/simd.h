@@ -11,8 +11,11 @@
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__) && defined(__FMA__) && defined(__F16C__)
 #define KERNELS_AVX512 1
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512VBMI__)
-#define KERNELS_AMX 1  // the AVX-512 bodies, and prefill rows' products on the tile unit (bf16_gemm.c)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__) && defined(__AVX512BF16__) && \
+    defined(__AVX512VBMI__)
+// The AVX-512 bodies, prefill rows' products on the tile unit (bf16_gemm.c) and decode rows' integer sums
+// there too (quant_gemm.c).
+#define KERNELS_AMX 1
 #define KERNELS_VARIANT "amx"
 #else
 #define KERNELS_VARIANT "avx512"
