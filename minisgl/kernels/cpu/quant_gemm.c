@@ -656,10 +656,12 @@ AMX_TILE(4, 2)
 AMX_TILE(8, 1)
 AMX_TILE(8, 2)
 
-// Every row of x against every tile, the tiles in `blocks` runs of `block` split over the threads (as gemm's).
+// Every row of x against every tile, the tiles in `blocks` runs of `block` split over the threads (as gemm's):
+// AMX_ROWS rows of x at a time, and a last block of at most GEMM_ROWS rows by the register tiles `vector`
+// (the tile side would cost as much as for a full block).
 static void amx_gemm(int bits, int digits, const RoundedX *x, int64_t rows, int64_t K, const void *codes,
                      const void *scale, const uint16_t *minimum, int64_t N, float *y, int64_t blocks, int64_t block,
-                     int threads) {
+                     const TileFn *vector, int threads) {
     const AmxTileFn run = digits == 1 ? (bits == 4 ? amx_tile_4_1 : amx_tile_8_1)
                                       : (bits == 4 ? amx_tile_4_2 : amx_tile_8_2);
     const int64_t tiles = (N + TILE - 1) / TILE;
@@ -673,7 +675,11 @@ static void amx_gemm(int bits, int digits, const RoundedX *x, int64_t rows, int6
             for (int64_t t = b * block; t < min64(b * block + block, tiles); t++)
                 for (int64_t r0 = 0; r0 < rows; r0 += AMX_ROWS) {
                     const Rows w = rows_of(bits, codes, scale, minimum, K / GROUP, N, t, 0);
-                    run(min64(AMX_ROWS, rows - r0), K, &w, x, r0, N, y, ring, sums);
+                    const int64_t R = min64(AMX_ROWS, rows - r0);
+                    if (R > GEMM_ROWS)
+                        run(R, K, &w, x, r0, N, y, ring, sums);
+                    else
+                        vector[R](K, &w, x, r0, 0, K / GROUP, N, y);
                 }
         _tile_release();
     }
@@ -702,7 +708,7 @@ static int gemm(int bits, const float *x, int digits, int64_t rows, int64_t K, c
     if (rows > GEMM_ROWS) {
         static _Thread_local Scratch block_scratch;
         if (block_steps(&xr, rows, K, &block_scratch)) return KERNELS_NO_MEMORY;
-        amx_gemm(bits, digits, &xr, rows, K, codes, scale, minimum, N, y, blocks, block, threads);
+        amx_gemm(bits, digits, &xr, rows, K, codes, scale, minimum, N, y, blocks, block, run, threads);
         return KERNELS_OK;
     }
 #endif
