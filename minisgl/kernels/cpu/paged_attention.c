@@ -23,7 +23,9 @@
 // a conversation's history) form a group, and each whole chunk inside the run they all share is one
 // task for the group: its rows read once and dotted with every member's query heads, instead of read
 // and dotted once per member. A member's chunks are the ones it would have alone, each row's sums in
-// the same order, so its output is the same bits alone as in its group.
+// the same order, so its output is the same bits alone as in its group. Such a task has many query rows
+// per KV head: it widens its keys and values once into fp32 buffers and keeps the value sums in registers
+// over all its keys (STAGED_ROWS), where a task of few rows reads them from the pool as it goes.
 //
 // Threads: the tasks (a chunk of a request's keys or of a group's shared run, or some of its KV heads
 // where the chunks are too few for the threads: head_blocks) are split over `threads` OpenMP threads,
@@ -145,33 +147,37 @@ static inline void prefetch_kv(const void *pool, int64_t at, int64_t d, int bf16
 
 #define KEYS 4    // keys dotted at once: independent chains of fmas, reduced together by sum4
 
-// The scaled dots of `nq` query heads (d apart from q) with the KEYS keys at pool[rows[u] + offset ..], into
-// out[a * out_stride + u]. Each key vector is loaded (and widened) once for all nq heads. Called with a
+// The scaled dots of `nq` query heads (d apart from q) with `blocks` x KEYS keys, pool[rows[j] + offset ..],
+// into out[a * out_stride + j]. Each key vector is loaded (and widened) once for all nq heads. Called with a
 // literal nq (dot_keys_of), so that the loops over heads unroll into registers.
 static inline __attribute__((always_inline)) void dot_keys(const int nq, const float *q, const void *pool,
                                                            const int64_t *rows, int64_t offset, int64_t d, int bf16,
-                                                           float scale, float *out, int64_t out_stride) {
-    VecF acc[QUERIES][KEYS];
-    for (int a = 0; a < nq; a++)
-        for (int u = 0; u < KEYS; u++) acc[a][u] = vec_zero();
-    for (int64_t i = 0; i < d; i += WIDTH) {
-        VecF x[QUERIES];
-        for (int a = 0; a < nq; a++) x[a] = vec_load(q + a * d + i);
-        for (int u = 0; u < KEYS; u++) {
-            const VecF key = load_kv(pool, rows[u] + offset + i, bf16);
-            for (int a = 0; a < nq; a++) acc[a][u] = vec_fmadd(x[a], key, acc[a][u]);
+                                                           float scale, float *out, int64_t out_stride,
+                                                           int64_t blocks) {
+    for (int64_t j = 0; j < blocks * KEYS; j += KEYS) {
+        VecF acc[QUERIES][KEYS];
+        for (int a = 0; a < nq; a++)
+            for (int u = 0; u < KEYS; u++) acc[a][u] = vec_zero();
+        for (int64_t i = 0; i < d; i += WIDTH) {
+            VecF x[QUERIES];
+            for (int a = 0; a < nq; a++) x[a] = vec_load(q + a * d + i);
+            for (int u = 0; u < KEYS; u++) {
+                const VecF key = load_kv(pool, rows[j + u] + offset + i, bf16);
+                for (int a = 0; a < nq; a++) acc[a][u] = vec_fmadd(x[a], key, acc[a][u]);
+            }
         }
+        for (int a = 0; a < nq; a++)
+            _mm_storeu_ps(out + a * out_stride + j,
+                          _mm_mul_ps(sum4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]), _mm_set1_ps(scale)));
     }
-    for (int a = 0; a < nq; a++)
-        _mm_storeu_ps(out + a * out_stride,
-                      _mm_mul_ps(sum4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]), _mm_set1_ps(scale)));
 }
 
-typedef void (*DotKeys)(const float *, const void *, const int64_t *, int64_t, int64_t, int, float, float *, int64_t);
+typedef void (*DotKeys)(const float *, const void *, const int64_t *, int64_t, int64_t, int, float, float *, int64_t,
+                        int64_t);
 #define DOT_KEYS(NQ)                                                                                                 \
     static void dot_keys_##NQ(const float *q, const void *pool, const int64_t *rows, int64_t offset, int64_t d,     \
-                              int bf16, float scale, float *out, int64_t out_stride) {                              \
-        dot_keys(NQ, q, pool, rows, offset, d, bf16, scale, out, out_stride);                                      \
+                              int bf16, float scale, float *out, int64_t out_stride, int64_t blocks) {              \
+        dot_keys(NQ, q, pool, rows, offset, d, bf16, scale, out, out_stride, blocks);                              \
     }
 DOT_KEYS(1)
 DOT_KEYS(2)
@@ -222,6 +228,65 @@ static void add_values_tail(int64_t keys, int64_t chunks, const float *weights, 
     for (int64_t u = 0; u < keys; u++)
         for (int64_t c = 0; c < chunks; c++)
             add_values(1, 1, weights + u, ck, group, kv_heads, pool, rows + u, i + c * WIDTH, bf16, d, sums);
+}
+
+// Where a task has at least STAGED_ROWS query rows per KV head (a group's shared chunk), it takes its keys and
+// values a KV head at a time, widened once to fp32 into the thread's buffers (exact), instead of widening each
+// key vector again for every few query rows and keeping the value sums in memory between blocks of keys: the
+// sums then stay in registers over all the chunk's keys (add_staged_values). The arithmetic is the same,
+// each sum's terms in the same order: a member's output is the same bits in a group as alone.
+#define STAGED_ROWS 8
+#define STAGED_QUERIES (QUERIES)  // query rows whose value sums add_staged_values keeps in registers
+
+// sums[a * d ..] (a < nr) = the sum over the n keys, in order, of weights[a * ck + j] times values[j * d ..]
+// (fp32, staged), each sum from zero. Called with a literal nr (add_staged_values_of).
+static inline __attribute__((always_inline)) void add_staged_values(const int nr, const float *weights, int64_t ck,
+                                                                    const float *values, int64_t n, int64_t d,
+                                                                    float *sums) {
+    for (int64_t i = 0; i < d; i += CHUNKS * WIDTH) {
+        const int64_t chunks = (d - i) / WIDTH < CHUNKS ? (d - i) / WIDTH : CHUNKS;
+        VecF acc[STAGED_QUERIES][CHUNKS];
+        for (int a = 0; a < nr; a++)
+            for (int c = 0; c < CHUNKS; c++) acc[a][c] = vec_zero();
+        for (int64_t j = 0; j < n; j++) {
+            VecF value[CHUNKS];
+            for (int c = 0; c < CHUNKS; c++) value[c] = c < chunks ? vec_load(values + j * d + i + c * WIDTH) : vec_zero();
+            for (int a = 0; a < nr; a++) {
+                const VecF weight = vec_set1(weights[a * ck + j]);
+                for (int c = 0; c < CHUNKS; c++) acc[a][c] = vec_fmadd(weight, value[c], acc[a][c]);
+            }
+        }
+        for (int a = 0; a < nr; a++)
+            for (int c = 0; c < chunks; c++) vec_store(sums + a * d + i + c * WIDTH, acc[a][c]);
+    }
+}
+
+typedef void (*AddStaged)(const float *, int64_t, const float *, int64_t, int64_t, float *);
+#define ADD_STAGED(NR)                                                                                         \
+    static void add_staged_values_##NR(const float *weights, int64_t ck, const float *values, int64_t n,     \
+                                       int64_t d, float *sums) {                                            \
+        add_staged_values(NR, weights, ck, values, n, d, sums);                                             \
+    }
+ADD_STAGED(1)
+ADD_STAGED(2)
+#if QUERIES == 4
+ADD_STAGED(3)
+ADD_STAGED(4)
+static const AddStaged add_staged_of[QUERIES + 1] = {NULL, add_staged_values_1, add_staged_values_2,
+                                                     add_staged_values_3, add_staged_values_4};
+#else
+static const AddStaged add_staged_of[QUERIES + 1] = {NULL, add_staged_values_1, add_staged_values_2};
+#endif
+
+// Head h's d values of the n rows (pool element offsets rows[j]) as fp32, n x d from `to`. The first head's
+// pass asks for the keys ahead whole (`heads` x d values), so that the rows come in in order and the
+// passes over the other heads find them in L2.
+static void stage_head(const void *pool, const int64_t *rows, int64_t n, int64_t h, int64_t heads, int64_t d,
+                       int bf16, float *to) {
+    for (int64_t j = 0; j < n; j++) {
+        if (h == 0 && j + AHEAD < n) prefetch_kv(pool, rows[j + AHEAD], heads * d, bf16);
+        for (int64_t i = 0; i < d; i += WIDTH) vec_store(to + j * d + i, load_kv(pool, rows[j] + h * d + i, bf16));
+    }
 }
 
 // A task is a chunk of a request's keys, whole rows (every KV head) of each. A chunk's rows stay in L2
@@ -421,15 +486,17 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        // Each thread's scores ([rows of a task, widest]) and row offsets ([widest]), kept for its next call.
+        // Each thread's scores ([rows of a task, widest]), row offsets ([widest]) and staged keys' offsets
+        // ([widest]), then a KV head's staged keys and values ([widest, d] each), kept for its next call.
         static _Thread_local Scratch scratch;
-        float *scores =
-            scratch_reserve(&scratch, (sizeof(float) * (size_t)max_task_rows + sizeof(int64_t)) * (size_t)widest);
+        float *scores = scratch_reserve(&scratch, (sizeof(float) * (size_t)(max_task_rows + 2 * d) +
+                                                   2 * sizeof(int64_t)) * (size_t)widest);
         if (scores == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
-        int64_t *rows = (int64_t *)(scores + max_task_rows * widest);
+        int64_t *rows = (int64_t *)(scores + max_task_rows * widest), *staged_rows = rows + widest;
+        float *staged_keys = (float *)(staged_rows + widest), *staged_values = staged_keys + widest * d;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; t++) {
             if (scores == NULL) continue;
@@ -445,6 +512,28 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
             const int64_t at = u->row0 + t % blocks * task_rows;
             float *sums = partial + at * d, *top = tops + at, *total = totals + at;
             for (int64_t j = 0; j < keys; j++) rows[j] = slots[j < n ? j : 0] * row + first * d;
+            if (rows_per_head >= STAGED_ROWS) {
+                for (int64_t j = 0; j < keys; j++) staged_rows[j] = (j < n ? j : 0) * d;
+                for (int64_t h = 0; h < per_task; h++) {
+                    stage_head(k_pool, rows, n, h, per_task, d, kv_bf16, staged_keys);
+                    stage_head(v_pool, rows, n, h, per_task, d, kv_bf16, staged_values);
+                    for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
+                        const int64_t nq = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
+                        const int64_t r = h * rows_per_head + g;
+                        dot_keys_of[nq](qt + r * d, staged_keys, staged_rows, 0, d, 0, scale, scores + r * ck, ck,
+                                        keys / KEYS);
+                    }
+                    for (int64_t r = h * rows_per_head; r < (h + 1) * rows_per_head; r++) {
+                        top[r] = largest(scores + r * ck, n);
+                        total[r] = exponentiate(scores + r * ck, n, top[r]);
+                    }
+                    for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
+                        const int64_t nr = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
+                        const int64_t r = h * rows_per_head + g;
+                        add_staged_of[nr](scores + r * ck, ck, staged_values, n, d, sums + r * d);
+                    }
+                }
+            } else {
             // Keys: KEYS keys' rows, head after head. The keys AHEAD further are asked for a head at a
             // time, spread over the pass, with their values for the pass over them that follows.
             for (int64_t j = 0; j < keys; j += KEYS) {
@@ -457,7 +546,7 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
                         const int64_t nq = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
                         const int64_t r = h * rows_per_head + g;
                         dot_keys_of[nq](qt + r * d, k_pool, rows + j, h * d, d, kv_bf16, scale, scores + r * ck + j,
-                                        ck);
+                                        ck, 1);
                     }
                 }
             }
@@ -478,6 +567,7 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
                         add_values_tail(block, chunks, scores + j, ck, rows_per_head, per_task, v_pool, rows + j, i,
                                         kv_bf16, d, sums);
                 }
+            }
             }
             if (u->width == 1 && req[b].parts == 1) {  // the request's only chunk: its sums over its totals
                 float *o = out + (b * heads + first * group) * d;
