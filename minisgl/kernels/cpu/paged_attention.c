@@ -147,37 +147,42 @@ static inline void prefetch_kv(const void *pool, int64_t at, int64_t d, int bf16
 
 #define KEYS 4    // keys dotted at once: independent chains of fmas, reduced together by sum4
 
-// The scaled dots of `nq` query heads (d apart from q) with `blocks` x KEYS keys, pool[rows[j] + offset ..],
-// into out[a * out_stride + j]. Each key vector is loaded (and widened) once for all nq heads. Called with a
-// literal nq (dot_keys_of), so that the loops over heads unroll into registers.
+// The scaled dots of `nq` query heads (d apart from q) with the KEYS keys at pool[rows[u] + offset ..], into
+// out[a * out_stride + u]. Each key vector is loaded (and widened) once for all nq heads. Called with a
+// literal nq (dot_keys_of, dot_key_runs_of), so that the loops over heads unroll into registers.
 static inline __attribute__((always_inline)) void dot_keys(const int nq, const float *q, const void *pool,
                                                            const int64_t *rows, int64_t offset, int64_t d, int bf16,
-                                                           float scale, float *out, int64_t out_stride,
-                                                           int64_t blocks) {
-    for (int64_t j = 0; j < blocks * KEYS; j += KEYS) {
-        VecF acc[QUERIES][KEYS];
-        for (int a = 0; a < nq; a++)
-            for (int u = 0; u < KEYS; u++) acc[a][u] = vec_zero();
-        for (int64_t i = 0; i < d; i += WIDTH) {
-            VecF x[QUERIES];
-            for (int a = 0; a < nq; a++) x[a] = vec_load(q + a * d + i);
-            for (int u = 0; u < KEYS; u++) {
-                const VecF key = load_kv(pool, rows[j + u] + offset + i, bf16);
-                for (int a = 0; a < nq; a++) acc[a][u] = vec_fmadd(x[a], key, acc[a][u]);
-            }
+                                                           float scale, float *out, int64_t out_stride) {
+    VecF acc[QUERIES][KEYS];
+    for (int a = 0; a < nq; a++)
+        for (int u = 0; u < KEYS; u++) acc[a][u] = vec_zero();
+    for (int64_t i = 0; i < d; i += WIDTH) {
+        VecF x[QUERIES];
+        for (int a = 0; a < nq; a++) x[a] = vec_load(q + a * d + i);
+        for (int u = 0; u < KEYS; u++) {
+            const VecF key = load_kv(pool, rows[u] + offset + i, bf16);
+            for (int a = 0; a < nq; a++) acc[a][u] = vec_fmadd(x[a], key, acc[a][u]);
         }
-        for (int a = 0; a < nq; a++)
-            _mm_storeu_ps(out + a * out_stride + j,
-                          _mm_mul_ps(sum4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]), _mm_set1_ps(scale)));
     }
+    for (int a = 0; a < nq; a++)
+        _mm_storeu_ps(out + a * out_stride,
+                      _mm_mul_ps(sum4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]), _mm_set1_ps(scale)));
 }
 
-typedef void (*DotKeys)(const float *, const void *, const int64_t *, int64_t, int64_t, int, float, float *, int64_t,
-                        int64_t);
+// dot_keys over `blocks` x KEYS keys (rows[j], into out[a * out_stride + j]) in one call: a call for one block
+// spends about as much on its entry as on its fmas.
+typedef void (*DotKeys)(const float *, const void *, const int64_t *, int64_t, int64_t, int, float, float *, int64_t);
+typedef void (*DotKeyRuns)(const float *, const void *, const int64_t *, int64_t, int64_t, int, float, float *,
+                           int64_t, int64_t);
 #define DOT_KEYS(NQ)                                                                                                 \
     static void dot_keys_##NQ(const float *q, const void *pool, const int64_t *rows, int64_t offset, int64_t d,     \
-                              int bf16, float scale, float *out, int64_t out_stride, int64_t blocks) {              \
-        dot_keys(NQ, q, pool, rows, offset, d, bf16, scale, out, out_stride, blocks);                              \
+                              int bf16, float scale, float *out, int64_t out_stride) {                              \
+        dot_keys(NQ, q, pool, rows, offset, d, bf16, scale, out, out_stride);                                      \
+    }                                                                                                                \
+    static void dot_key_runs_##NQ(const float *q, const void *pool, const int64_t *rows, int64_t offset, int64_t d, \
+                                  int bf16, float scale, float *out, int64_t out_stride, int64_t blocks) {          \
+        for (int64_t j = 0; j < blocks * KEYS; j += KEYS)                                                          \
+            dot_keys(NQ, q, pool, rows + j, offset, d, bf16, scale, out + j, out_stride);                           \
     }
 DOT_KEYS(1)
 DOT_KEYS(2)
@@ -185,8 +190,11 @@ DOT_KEYS(2)
 DOT_KEYS(3)
 DOT_KEYS(4)
 static const DotKeys dot_keys_of[QUERIES + 1] = {NULL, dot_keys_1, dot_keys_2, dot_keys_3, dot_keys_4};
+static const DotKeyRuns dot_key_runs_of[QUERIES + 1] = {NULL, dot_key_runs_1, dot_key_runs_2, dot_key_runs_3,
+                                                        dot_key_runs_4};
 #else
 static const DotKeys dot_keys_of[QUERIES + 1] = {NULL, dot_keys_1, dot_keys_2};
+static const DotKeyRuns dot_key_runs_of[QUERIES + 1] = {NULL, dot_key_runs_1, dot_key_runs_2};
 #endif
 
 // sums[r * d + i ..] (query head r = h * group + a) += the weights of `keys` keys (weights[r * ck + u])
@@ -236,7 +244,13 @@ static void add_values_tail(int64_t keys, int64_t chunks, const float *weights, 
 // sums then stay in registers over all the chunk's keys (add_staged_values). The arithmetic is the same,
 // each sum's terms in the same order: a member's output is the same bits in a group as alone. Timed with
 // python -m benchmarks.decode_attention (docs/benchmarks/session33-spr/attention_ab.py against a commit).
+// With 256-bit registers the staged sums hold 2 rows of 16 values, and reading the staged values again for
+// every 2 rows cost more than the widening saved (0.86-0.89x at 135M's shared case): those builds never stage.
+#if defined(KERNELS_AVX512)
 #define STAGED_ROWS 8
+#else
+#define STAGED_ROWS INT64_MAX
+#endif
 
 // sums[a * d ..] (a < nr <= QUERIES) = the sum over the n keys, in order, of weights[a * ck + j] times
 // values[j * d ..] (fp32, staged), each sum from zero. Called with a literal nr (add_staged_of).
@@ -375,7 +389,8 @@ static void softmax_rows(const Task *t, int64_t r0, int64_t r1) {
 }
 
 // Few query rows a KV head: the keys and values read from the pools as the passes go.
-static void attend_in_place(const Task *t, const void *k_pool, const void *v_pool, int bf16) {
+static inline __attribute__((always_inline)) void attend_in_place(const Task *t, const void *k_pool,
+                                                                   const void *v_pool, int bf16) {
     const int64_t d = t->d, ck = t->ck, n = t->n, per_head = t->rows_per_head;
     // Keys: KEYS keys' rows, head after head. The keys AHEAD further are asked for a head at a time, spread
     // over the pass, with their values for the pass over them that follows.
@@ -388,7 +403,7 @@ static void attend_in_place(const Task *t, const void *k_pool, const void *v_poo
             for (int64_t g = 0; g < per_head; g += QUERIES) {
                 const int64_t nq = per_head - g < QUERIES ? per_head - g : QUERIES, r = h * per_head + g;
                 dot_keys_of[nq](t->q + r * d, k_pool, t->rows + j, h * d, d, bf16, t->scale, t->scores + r * ck + j,
-                                ck, 1);
+                                ck);
             }
         }
     }
@@ -410,8 +425,9 @@ static void attend_in_place(const Task *t, const void *k_pool, const void *v_poo
 
 // Many query rows a KV head (STAGED_ROWS): a KV head at a time, its keys and values staged in fp32
 // (staged_rows [keys]: a staged key's offset; staged_keys, staged_values: [keys, d] each).
-static void attend_staged(const Task *t, const void *k_pool, const void *v_pool, int bf16, int64_t *staged_rows,
-                          float *staged_keys, float *staged_values) {
+static inline __attribute__((always_inline)) void attend_staged(const Task *t, const void *k_pool,
+                                                                 const void *v_pool, int bf16, int64_t *staged_rows,
+                                                                 float *staged_keys, float *staged_values) {
     const int64_t d = t->d, ck = t->ck, n = t->n, per_head = t->rows_per_head;
     for (int64_t j = 0; j < t->keys; j++) staged_rows[j] = (j < n ? j : 0) * d;
     for (int64_t h = 0; h < t->heads; h++) {
@@ -419,8 +435,8 @@ static void attend_staged(const Task *t, const void *k_pool, const void *v_pool,
         stage_head(v_pool, t->rows, n, h, t->heads, d, bf16, staged_values);
         for (int64_t g = 0; g < per_head; g += QUERIES) {
             const int64_t nq = per_head - g < QUERIES ? per_head - g : QUERIES, r = h * per_head + g;
-            dot_keys_of[nq](t->q + r * d, staged_keys, staged_rows, 0, d, 0, t->scale, t->scores + r * ck, ck,
-                            t->keys / KEYS);
+            dot_key_runs_of[nq](t->q + r * d, staged_keys, staged_rows, 0, d, 0, t->scale, t->scores + r * ck, ck,
+                                t->keys / KEYS);
         }
         softmax_rows(t, h * per_head, (h + 1) * per_head);
         for (int64_t g = 0; g < per_head; g += QUERIES) {
