@@ -4,7 +4,7 @@ against the working tree's, both libraries loaded in one process and alternating
 the rows are mostly in the caches: this times the arithmetic; ``python -m benchmarks.decode_attention`` times
 it against the memory. The cases are ``benchmarks.decode_attention``'s at 135M and 1.7B.
 
-    PYTHONPATH=. python docs/benchmarks/session33-spr/attention_ab.py --base 1b676b5
+    PYTHONPATH=. python docs/benchmarks/session33-spr/attention_ab.py --base a11829a
 """
 
 from __future__ import annotations

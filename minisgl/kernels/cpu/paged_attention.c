@@ -370,82 +370,6 @@ static void store_kv(void *pool, int64_t at, const float *x, int64_t count, int 
     for (int64_t i = 0; i < count; i += WIDTH) store_bf16((uint16_t *)pool + at + i, vec_load(x + i));
 }
 
-// A task's work on its chunk of keys: the scores of its query rows (q: heads x rows_per_head of them) with
-// the keys (rows[j]: key j's row in the pools, a last partial block repeating key 0), each row's largest
-// score (top), the total of its weights, and its unnormalised value sums.
-typedef struct {
-    const float *q;
-    const int64_t *rows;
-    int64_t n, keys, heads, rows_per_head, d, ck;  // keys: n up to a multiple of KEYS; ck: a row's scores' stride
-    float scale;
-    float *scores, *top, *total, *sums;
-} Task;
-
-static void softmax_rows(const Task *t, int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) {
-        t->top[r] = largest(t->scores + r * t->ck, t->n);
-        t->total[r] = exponentiate(t->scores + r * t->ck, t->n, t->top[r]);
-    }
-}
-
-// Few query rows a KV head: the keys and values read from the pools as the passes go.
-static inline __attribute__((always_inline)) void attend_in_place(const Task *t, const void *k_pool,
-                                                                   const void *v_pool, int bf16) {
-    const int64_t d = t->d, ck = t->ck, n = t->n, per_head = t->rows_per_head;
-    // Keys: KEYS keys' rows, head after head. The keys AHEAD further are asked for a head at a time, spread
-    // over the pass, with their values for the pass over them that follows.
-    for (int64_t j = 0; j < t->keys; j += KEYS) {
-        for (int64_t h = 0; h < t->heads; h++) {
-            for (int64_t w = j + AHEAD; w < j + AHEAD + KEYS && w < n; w++) {
-                prefetch_kv(k_pool, t->rows[w] + h * d, d, bf16);
-                prefetch_kv(v_pool, t->rows[w] + h * d, d, bf16);
-            }
-            for (int64_t g = 0; g < per_head; g += QUERIES) {
-                const int64_t nq = per_head - g < QUERIES ? per_head - g : QUERIES, r = h * per_head + g;
-                dot_keys_of[nq](t->q + r * d, k_pool, t->rows + j, h * d, d, bf16, t->scale, t->scores + r * ck + j,
-                                ck);
-            }
-        }
-    }
-    softmax_rows(t, 0, t->heads * per_head);
-    // Values: KEYS keys' rows at a time, CHUNKS vectors of dimensions of every head a pass.
-    memset(t->sums, 0, sizeof(float) * (size_t)(t->heads * per_head * d));
-    for (int64_t j = 0; j < n; j += KEYS) {
-        const int64_t block = n - j < KEYS ? n - j : KEYS;
-        for (int64_t i = 0; i < d; i += CHUNKS * WIDTH) {
-            const int64_t chunks = (d - i) / WIDTH < CHUNKS ? (d - i) / WIDTH : CHUNKS;
-            if (block == KEYS && chunks == CHUNKS)
-                add_values_block(t->scores + j, ck, per_head, t->heads, v_pool, t->rows + j, i, bf16, d, t->sums);
-            else
-                add_values_tail(block, chunks, t->scores + j, ck, per_head, t->heads, v_pool, t->rows + j, i, bf16,
-                                d, t->sums);
-        }
-    }
-}
-
-// Many query rows a KV head (STAGED_ROWS): a KV head at a time, its keys and values staged in fp32
-// (staged_rows [keys]: a staged key's offset; staged_keys, staged_values: [keys, d] each).
-static inline __attribute__((always_inline)) void attend_staged(const Task *t, const void *k_pool,
-                                                                 const void *v_pool, int bf16, int64_t *staged_rows,
-                                                                 float *staged_keys, float *staged_values) {
-    const int64_t d = t->d, ck = t->ck, n = t->n, per_head = t->rows_per_head;
-    for (int64_t j = 0; j < t->keys; j++) staged_rows[j] = (j < n ? j : 0) * d;
-    for (int64_t h = 0; h < t->heads; h++) {
-        stage_head(k_pool, t->rows, n, h, t->heads, d, bf16, staged_keys);
-        stage_head(v_pool, t->rows, n, h, t->heads, d, bf16, staged_values);
-        for (int64_t g = 0; g < per_head; g += QUERIES) {
-            const int64_t nq = per_head - g < QUERIES ? per_head - g : QUERIES, r = h * per_head + g;
-            dot_key_runs_of[nq](t->q + r * d, staged_keys, staged_rows, 0, d, 0, t->scale, t->scores + r * ck, ck,
-                                t->keys / KEYS);
-        }
-        softmax_rows(t, h * per_head, (h + 1) * per_head);
-        for (int64_t g = 0; g < per_head; g += QUERIES) {
-            const int64_t nr = per_head - g < QUERIES ? per_head - g : QUERIES, r = h * per_head + g;
-            add_staged_of[nr](t->scores + r * ck, ck, staged_values, n, d, t->sums + r * d);
-        }
-    }
-}
-
 // A request's chunking, and its group: requests whose keys begin with the same slots (a prefix the
 // radix cache holds once, such as a system prompt) and that cut them into chunks of the same size.
 typedef struct {
@@ -602,11 +526,64 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
             const int64_t at = u->row0 + t % blocks * task_rows;
             float *sums = partial + at * d, *top = tops + at, *total = totals + at;
             for (int64_t j = 0; j < keys; j++) rows[j] = slots[j < n ? j : 0] * row + first * d;
-            const Task task = {qt, rows, n, keys, per_task, rows_per_head, d, ck, scale, scores, top, total, sums};
-            if (rows_per_head >= STAGED_ROWS)
-                attend_staged(&task, k_pool, v_pool, kv_bf16, staged_rows, staged_keys, staged_values);
-            else
-                attend_in_place(&task, k_pool, v_pool, kv_bf16);
+            if (rows_per_head >= STAGED_ROWS) {
+                // A KV head at a time: its keys and values staged, then its rows' scores, weights and sums.
+                for (int64_t j = 0; j < keys; j++) staged_rows[j] = (j < n ? j : 0) * d;
+                for (int64_t h = 0; h < per_task; h++) {
+                    stage_head(k_pool, rows, n, h, per_task, d, kv_bf16, staged_keys);
+                    stage_head(v_pool, rows, n, h, per_task, d, kv_bf16, staged_values);
+                    for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
+                        const int64_t nq = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
+                        const int64_t r = h * rows_per_head + g;
+                        dot_key_runs_of[nq](qt + r * d, staged_keys, staged_rows, 0, d, 0, scale, scores + r * ck, ck,
+                                            keys / KEYS);
+                    }
+                    for (int64_t r = h * rows_per_head; r < (h + 1) * rows_per_head; r++) {
+                        top[r] = largest(scores + r * ck, n);
+                        total[r] = exponentiate(scores + r * ck, n, top[r]);
+                    }
+                    for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
+                        const int64_t nr = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
+                        const int64_t r = h * rows_per_head + g;
+                        add_staged_of[nr](scores + r * ck, ck, staged_values, n, d, sums + r * d);
+                    }
+                }
+            } else {
+                // Keys: KEYS keys' rows, head after head. The keys AHEAD further are asked for a head at a
+                // time, spread over the pass, with their values for the pass over them that follows.
+                for (int64_t j = 0; j < keys; j += KEYS) {
+                    for (int64_t h = 0; h < per_task; h++) {
+                        for (int64_t w = j + AHEAD; w < j + AHEAD + KEYS && w < n; w++) {
+                            prefetch_kv(k_pool, rows[w] + h * d, d, kv_bf16);
+                            prefetch_kv(v_pool, rows[w] + h * d, d, kv_bf16);
+                        }
+                        for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
+                            const int64_t nq = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
+                            const int64_t r = h * rows_per_head + g;
+                            dot_keys_of[nq](qt + r * d, k_pool, rows + j, h * d, d, kv_bf16, scale,
+                                            scores + r * ck + j, ck);
+                        }
+                    }
+                }
+                for (int64_t r = 0; r < task_rows; r++) {
+                    top[r] = largest(scores + r * ck, n);
+                    total[r] = exponentiate(scores + r * ck, n, top[r]);
+                }
+                // Values: KEYS keys' rows at a time, CHUNKS vectors of dimensions of every head a pass.
+                memset(sums, 0, sizeof(float) * (size_t)(task_rows * d));
+                for (int64_t j = 0; j < n; j += KEYS) {
+                    const int64_t block = n - j < KEYS ? n - j : KEYS;
+                    for (int64_t i = 0; i < d; i += CHUNKS * WIDTH) {
+                        const int64_t chunks = (d - i) / WIDTH < CHUNKS ? (d - i) / WIDTH : CHUNKS;
+                        if (block == KEYS && chunks == CHUNKS)
+                            add_values_block(scores + j, ck, rows_per_head, per_task, v_pool, rows + j, i, kv_bf16,
+                                             d, sums);
+                        else
+                            add_values_tail(block, chunks, scores + j, ck, rows_per_head, per_task, v_pool, rows + j,
+                                            i, kv_bf16, d, sums);
+                    }
+                }
+            }
             if (u->width == 1 && req[b].parts == 1) {  // the request's only chunk: its sums over its totals
                 float *o = out + (b * heads + first * group) * d;
                 for (int64_t r = 0; r < task_rows; r++) {
