@@ -169,20 +169,11 @@ static inline __attribute__((always_inline)) void dot_keys(const int nq, const f
                       _mm_mul_ps(sum4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]), _mm_set1_ps(scale)));
 }
 
-// dot_keys over `blocks` x KEYS keys (rows[j], into out[a * out_stride + j]) in one call: a call for one block
-// spends about as much on its entry as on its fmas.
 typedef void (*DotKeys)(const float *, const void *, const int64_t *, int64_t, int64_t, int, float, float *, int64_t);
-typedef void (*DotKeyRuns)(const float *, const void *, const int64_t *, int64_t, int64_t, int, float, float *,
-                           int64_t, int64_t);
 #define DOT_KEYS(NQ)                                                                                                 \
     static void dot_keys_##NQ(const float *q, const void *pool, const int64_t *rows, int64_t offset, int64_t d,     \
                               int bf16, float scale, float *out, int64_t out_stride) {                              \
         dot_keys(NQ, q, pool, rows, offset, d, bf16, scale, out, out_stride);                                      \
-    }                                                                                                                \
-    static void dot_key_runs_##NQ(const float *q, const void *pool, const int64_t *rows, int64_t offset, int64_t d, \
-                                  int bf16, float scale, float *out, int64_t out_stride, int64_t blocks) {          \
-        for (int64_t j = 0; j < blocks * KEYS; j += KEYS)                                                          \
-            dot_keys(NQ, q, pool, rows + j, offset, d, bf16, scale, out + j, out_stride);                           \
     }
 DOT_KEYS(1)
 DOT_KEYS(2)
@@ -190,11 +181,8 @@ DOT_KEYS(2)
 DOT_KEYS(3)
 DOT_KEYS(4)
 static const DotKeys dot_keys_of[QUERIES + 1] = {NULL, dot_keys_1, dot_keys_2, dot_keys_3, dot_keys_4};
-static const DotKeyRuns dot_key_runs_of[QUERIES + 1] = {NULL, dot_key_runs_1, dot_key_runs_2, dot_key_runs_3,
-                                                        dot_key_runs_4};
 #else
 static const DotKeys dot_keys_of[QUERIES + 1] = {NULL, dot_keys_1, dot_keys_2};
-static const DotKeyRuns dot_key_runs_of[QUERIES + 1] = {NULL, dot_key_runs_1, dot_key_runs_2};
 #endif
 
 // sums[r * d + i ..] (query head r = h * group + a) += the weights of `keys` keys (weights[r * ck + u])
@@ -248,9 +236,23 @@ static void add_values_tail(int64_t keys, int64_t chunks, const float *weights, 
 // every 2 rows cost more than the widening saved (0.86-0.89x at 135M's shared case): those builds never stage.
 #if defined(KERNELS_AVX512)
 #define STAGED_ROWS 8
-#else
-#define STAGED_ROWS INT64_MAX
-#endif
+
+// dot_keys over `blocks` x KEYS keys (rows[j], into out[a * out_stride + j]) in one call: a call for one block
+// spends about as much on its entry as on its fmas.
+typedef void (*DotKeyRuns)(const float *, const void *, const int64_t *, int64_t, int64_t, int, float, float *,
+                           int64_t, int64_t);
+#define DOT_KEY_RUNS(NQ)                                                                                             \
+    static void dot_key_runs_##NQ(const float *q, const void *pool, const int64_t *rows, int64_t offset, int64_t d, \
+                                  int bf16, float scale, float *out, int64_t out_stride, int64_t blocks) {          \
+        for (int64_t j = 0; j < blocks * KEYS; j += KEYS)                                                          \
+            dot_keys(NQ, q, pool, rows + j, offset, d, bf16, scale, out + j, out_stride);                           \
+    }
+DOT_KEY_RUNS(1)
+DOT_KEY_RUNS(2)
+DOT_KEY_RUNS(3)
+DOT_KEY_RUNS(4)
+static const DotKeyRuns dot_key_runs_of[QUERIES + 1] = {NULL, dot_key_runs_1, dot_key_runs_2, dot_key_runs_3,
+                                                        dot_key_runs_4};
 
 // sums[a * d ..] (a < nr <= QUERIES) = the sum over the n keys, in order, of weights[a * ck + j] times
 // values[j * d ..] (fp32, staged), each sum from zero. Called with a literal nr (add_staged_of).
@@ -283,14 +285,10 @@ typedef void (*AddStaged)(const float *, int64_t, const float *, int64_t, int64_
     }
 ADD_STAGED(1)
 ADD_STAGED(2)
-#if QUERIES == 4
 ADD_STAGED(3)
 ADD_STAGED(4)
 static const AddStaged add_staged_of[QUERIES + 1] = {NULL, add_staged_values_1, add_staged_values_2,
                                                      add_staged_values_3, add_staged_values_4};
-#else
-static const AddStaged add_staged_of[QUERIES + 1] = {NULL, add_staged_values_1, add_staged_values_2};
-#endif
 
 // Head h's d values of the n rows (pool element offsets rows[j]) as fp32, n x d from `to`. The first head's
 // pass asks for the keys ahead whole (`heads` x d values), so that the rows come in in order and the
@@ -302,6 +300,7 @@ static void stage_head(const void *pool, const int64_t *rows, int64_t n, int64_t
         for (int64_t i = 0; i < d; i += WIDTH) vec_store(to + j * d + i, load_kv(pool, rows[j] + h * d + i, bf16));
     }
 }
+#endif  // KERNELS_AVX512
 
 // A task is a chunk of a request's keys, whole rows (every KV head) of each. A chunk's rows stay in L2
 // while its passes read them; the chunks' partial sums are merged after. A request gets about SPLIT
@@ -501,7 +500,8 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
 #pragma omp parallel num_threads(threads)
     {
         // Each thread's scores ([rows of a task, widest]), row offsets ([widest]) and staged keys' offsets
-        // ([widest]), then a KV head's staged keys and values ([widest, d] each), kept for its next call.
+        // ([widest]), then a KV head's staged keys and values ([widest, d] each; the AVX-512 builds stage), kept
+        // for its next call.
         static _Thread_local Scratch scratch;
         float *scores = scratch_reserve(&scratch, (sizeof(float) * (size_t)(max_task_rows + 2 * d) +
                                                    2 * sizeof(int64_t)) * (size_t)widest);
@@ -509,8 +509,11 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
 #pragma omp atomic write
             failed = 1;
         }
-        int64_t *rows = (int64_t *)(scores + max_task_rows * widest), *staged_rows = rows + widest;
+        int64_t *rows = (int64_t *)(scores + max_task_rows * widest);
+#if defined(KERNELS_AVX512)
+        int64_t *staged_rows = rows + widest;
         float *staged_keys = (float *)(staged_rows + widest), *staged_values = staged_keys + widest * d;
+#endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; t++) {
             if (scores == NULL) continue;
@@ -526,6 +529,7 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
             const int64_t at = u->row0 + t % blocks * task_rows;
             float *sums = partial + at * d, *top = tops + at, *total = totals + at;
             for (int64_t j = 0; j < keys; j++) rows[j] = slots[j < n ? j : 0] * row + first * d;
+#if defined(KERNELS_AVX512)
             if (rows_per_head >= STAGED_ROWS) {
                 // A KV head at a time: its keys and values staged, then its rows' scores, weights and sums.
                 for (int64_t j = 0; j < keys; j++) staged_rows[j] = (j < n ? j : 0) * d;
@@ -548,7 +552,9 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
                         add_staged_of[nr](scores + r * ck, ck, staged_values, n, d, sums + r * d);
                     }
                 }
-            } else {
+            } else
+#endif
+            {
                 // Keys: KEYS keys' rows, head after head. The keys AHEAD further are asked for a head at a
                 // time, spread over the pass, with their values for the pass over them that follows.
                 for (int64_t j = 0; j < keys; j += KEYS) {
