@@ -488,6 +488,7 @@ GEMM_TILES(8, 2)
 // the groups in flight (4 groups, or 2 pairs with two digits), 4-5 x's digits, 6-7 the codes.
 #define UNPACK_AHEAD 4
 #define UNPACK_RING 8  // unpacked groups' buffers, a power of two above UNPACK_AHEAD
+_Static_assert(PARTS == 1, "a tile of output rows is one vector of the amx build");
 #define UNPACKED_BYTES (8 * 4 * TILE)
 
 // x's steps and sums per block of AMX_ROWS rows and group, the block's rows together ([blocks, groups,
@@ -669,7 +670,7 @@ static void amx_gemm(int bits, int digits, const RoundedX *x, int64_t rows, int6
 #pragma omp parallel num_threads(threads)
     {
         uint8_t ring[UNPACK_RING * UNPACKED_BYTES] __attribute__((aligned(64)));
-        int32_t sums[4 * 2 * AMX_ROWS * TILE] __attribute__((aligned(64)));  // 4 groups' of two digits at most
+        int32_t sums[4 * 2 * AMX_ROWS * TILE] __attribute__((aligned(64)));  // 4 groups', of up to two digits
         amx_int_configure();
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; b++)
