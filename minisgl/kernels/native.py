@@ -15,8 +15,9 @@
   (``FusedDecoder``): at one request the Python between them was a third of the step.
 
 Variants: the same sources are built into one library per instruction set (``VARIANTS``: AVX-512
-VNNI with AMX-BF16 for prefill rows and AMX-INT8 for decode batches, AVX-512 VNNI, AVX2 + AVX-VNNI, AVX2 + FMA), each with its own
-``-m`` flags, into the user's cache, with the system's C compiler (``cc``, or ``$CC``).
+VNNI with AMX-BF16 for prefill rows and AMX-INT8 for decode batches, AVX-512 VNNI, AVX2 + AVX-VNNI,
+AVX2 + FMA), each with its own ``-m`` flags, into the user's cache, with the system's C compiler (``cc``,
+or ``$CC``).
 ``host_variants`` says which this CPU can run (from ``/proc/cpuinfo``); the engine resolves
 ``EngineConfig.kernels`` once (``resolve_kernels``) and hands the loaded library, or None for torch's
 kernels, to the layers, the attention backend and the model.

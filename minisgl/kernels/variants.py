@@ -24,7 +24,8 @@ _AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", *_AVX2)
 _AVX512_NEEDS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"})
 VARIANTS = (  # best first
     Variant(
-        "amx", "AVX-512 VNNI + AMX", (*_AVX512, "-mavx512bf16", "-mavx512vbmi", "-mamx-tile", "-mamx-bf16", "-mamx-int8"),
+        "amx", "AVX-512 VNNI + AMX",
+        (*_AVX512, "-mavx512bf16", "-mavx512vbmi", "-mamx-tile", "-mamx-bf16", "-mamx-int8"),
         _AVX512_NEEDS | {"avx512_bf16", "avx512vbmi", "amx_tile", "amx_bf16", "amx_int8"},
     ),
     Variant("avx512", "AVX-512 VNNI", _AVX512, _AVX512_NEEDS),

@@ -14,12 +14,12 @@ AVX-512 VNNI, AVX-VNNI or AVX2, as llama.cpp does; x rounded to one int8 digit p
 llama.cpp rounds it, or to two in the products of a weight whose ``digits`` is 2: the LM head's), each
 row the same whatever the batch. With the kernels' amx build the rows of prefill tokens take bf16 products on
 AMX instead (``bf16_gemm.c``; ``forward``'s ``prefill_rows``), decode rows still the integer ones (from 9 rows,
-their integer sums on AMX-INT8: the same bits): a row's path follows its kind, never its batch. Without the C kernels, torch's run instead: its weight-only kernels
-(``aten._weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm``: bf16 activations, their packed
-copies made on first use) for up to ``max_kernel_rows`` rows (``minisgl/tuning.py``, measured by
-``benchmarks/many_rows.py``), and past them the weight expanded to bf16 a band of output rows at a
-time into one ``DequantBuffer`` shared by every layer, then torch's bf16 GEMM (oneDNN, which uses
-AMX where the CPU has it).
+their integer sums on AMX-INT8: the same bits): a row's path follows its kind, never its batch. Without the C
+kernels, torch's run instead: its weight-only kernels (``aten._weight_int4pack_mm_for_cpu`` /
+``_weight_int8pack_mm``: bf16 activations, their packed copies made on first use) for up to
+``max_kernel_rows`` rows (``minisgl/tuning.py``, measured by ``benchmarks/many_rows.py``), and past them
+the weight expanded to bf16 a band of output rows at a time into one ``DequantBuffer`` shared by every
+layer, then torch's bf16 GEMM (oneDNN, which uses AMX where the CPU has it).
 
 Off the CPU the loader keeps dense dequantized weights instead (``dequantize``).
 """
