@@ -49,21 +49,32 @@ def best_of(f: Callable[[], object], repeats: int = 5) -> float:
     return min(times)
 
 
+def distinct_rows(batch: int, length: int, shared: int) -> int:
+    """The pool rows a case's requests attend, each counted once (its pool has ``batch`` more, for the new keys)."""
+    return shared + batch * (length - shared)
+
+
+def case_slots(batch: int, length: int, shared: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A case's out_slots, kv_slots and kv_lens: each request's keys in slot order, the first ``shared`` the same
+    slots for all, its new key after every attended row."""
+    distinct = distinct_rows(batch, length, shared)
+    own = shared + torch.arange(batch * (length - shared)).view(batch, length - shared)
+    kv_slots = torch.cat([torch.arange(shared).expand(batch, shared), own], dim=1)
+    return torch.arange(distinct, distinct + batch), kv_slots, torch.full((batch,), length)
+
+
 def rates(
     kernels: CpuKernels, heads: int, kv_heads: int, d: int, batch: int, length: int, shared: int, rounds: int
 ) -> list[tuple[float, float]]:
     """(kernel GB/s, sum GB/s) of each round for one case."""
     g = torch.Generator().manual_seed(0)
-    distinct = shared + batch * (length - shared)  # the rows the requests attend, each counted once
+    distinct = distinct_rows(batch, length, shared)
     slots = distinct + batch
     layers = -(-POOL_BYTES // (2 * slots * kv_heads * d * 2))
     pools = [[torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2)] for _ in range(layers)]
     q = torch.randn(batch, heads, d, generator=g)
     k, v = (torch.randn(batch, kv_heads, d, generator=g) for _ in range(2))
-    out_slots = torch.arange(distinct, slots)
-    own = shared + torch.arange(batch * (length - shared)).view(batch, length - shared)
-    kv_slots = torch.cat([torch.arange(shared).expand(batch, shared), own], dim=1)
-    kv_lens = torch.full((batch,), length)
+    out_slots, kv_slots, kv_lens = case_slots(batch, length, shared)
 
     def attend() -> None:
         for k_pool, v_pool in pools:

@@ -13,16 +13,21 @@ Run: python -m benchmarks.many_rows [--rows 1 8 16 32 64 512] [--threads N] [--k
 from __future__ import annotations
 
 import argparse
+import io
 import statistics
+import subprocess
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import torch
 
 from benchmarks.machine import cpu_flags, load_average, machine_info
 from minisgl.heap import retain_freed_memory
-from minisgl.kernels.native import resolve_kernels
+from minisgl.kernels.native import CpuKernels, load_sources, resolve_kernels
 from minisgl.kernels.variants import KERNEL_CHOICES
 from minisgl.layers.linear import Linear, pack_weights
 from minisgl.layers.quant import DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
@@ -43,6 +48,16 @@ PREFILL_PRODUCTS = [
     ("135M down", 576, 1536, MLP_BAND_ROWS), ("1.7B qkv", 6144, 2048, 1024), ("1.7B o", 2048, 2048, 1024),
     ("1.7B gate_up", 16384, 2048, MLP_BAND_ROWS), ("1.7B down", 2048, 8192, MLP_BAND_ROWS),
 ]  # fmt: skip
+
+
+def kernels_at(commit: str, variant: str) -> CpuKernels:
+    """The ``variant`` build of ``commit``'s kernel sources (``git archive`` of ``minisgl/kernels/cpu``), bound
+    through that commit's own header: the baseline of an A/B against the working tree's build."""
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "archive", commit, "minisgl/kernels/cpu"], capture_output=True, check=True)
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(tmp, filter="data")
+        return load_sources(variant, Path(tmp) / "minisgl/kernels/cpu")
 
 
 def race(calls: dict[str, Callable[[], object]], repeats: int = 1, rounds: int = 5) -> dict[str, float]:

@@ -10,17 +10,12 @@ digit of x; the int8 LM head takes two.
 from __future__ import annotations
 
 import argparse
-import io
-import subprocess
-import tarfile
-import tempfile
 from functools import partial
-from pathlib import Path
 
 import torch
 
 from benchmarks.machine import cpu_flags, load_average, machine_info
-from benchmarks.many_rows import race
+from benchmarks.many_rows import kernels_at, race
 from minisgl.kernels import native
 from minisgl.layers.quant import Int4Weight, Int8Weight, QuantizedWeight
 
@@ -40,12 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, help="the commit whose kernel sources are the baseline")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(["git", "archive", args.base, "minisgl/kernels/cpu"], capture_output=True, check=True)
-        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-            tar.extractall(tmp, filter="data")
-        base = native.load_sources("amx", Path(tmp) / "minisgl/kernels/cpu")
-    new = native.load_variant("amx")
+    base, new = kernels_at(args.base, "amx"), native.load_variant("amx")
     amx = " ".join(sorted(f for f in cpu_flags() if f.startswith("amx")))
     print(f"# {machine_info(torch.get_num_threads())['cpu']}, AMX: {amx}; {torch.get_num_threads()} threads; the amx "
           f"build of {args.base} against the working tree's; load average {load_average()}")  # fmt: skip

@@ -10,18 +10,13 @@ it against the memory. The cases are ``benchmarks.decode_attention``'s at 135M a
 from __future__ import annotations
 
 import argparse
-import io
-import subprocess
-import tarfile
-import tempfile
 from functools import partial
-from pathlib import Path
 
 import torch
 
-from benchmarks.decode_attention import CASES
+from benchmarks.decode_attention import CASES, case_slots, distinct_rows
 from benchmarks.machine import cpu_flags, load_average, machine_info
-from benchmarks.many_rows import race
+from benchmarks.many_rows import kernels_at, race
 from minisgl.kernels import native
 from minisgl.kernels.native import CpuKernels
 
@@ -34,12 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, help="the commit whose kernel sources are the baseline")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(["git", "archive", args.base, "minisgl/kernels/cpu"], capture_output=True, check=True)
-        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-            tar.extractall(tmp, filter="data")
-        base = native.load_sources("amx", Path(tmp) / "minisgl/kernels/cpu")
-    new = native.load_variant("amx")
+    base, new = kernels_at(args.base, "amx"), native.load_variant("amx")
     amx = " ".join(sorted(f for f in cpu_flags() if f.startswith("amx")))
     print(f"# {machine_info(torch.get_num_threads())['cpu']}, AMX: {amx}; {torch.get_num_threads()} threads; the amx "
           f"build of {args.base} against the working tree's; load average {load_average()}")  # fmt: skip
@@ -49,15 +39,11 @@ def main() -> None:
         if not name.startswith(("135M", "1.7B")):
             continue
         g = torch.Generator().manual_seed(0)
-        distinct = shared + batch * (length - shared)
-        slots = distinct + batch
+        slots = distinct_rows(batch, length, shared) + batch
         k_pool, v_pool = (torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2))
         q = torch.randn(batch, heads, d, generator=g)
         k, v = (torch.randn(batch, kv_heads, d, generator=g) for _ in range(2))
-        out_slots = torch.arange(distinct, slots)
-        own = shared + torch.arange(batch * (length - shared)).view(batch, length - shared)
-        kv_slots = torch.cat([torch.arange(shared).expand(batch, shared), own], dim=1)
-        kv_lens = torch.full((batch,), length)
+        out_slots, kv_slots, kv_lens = case_slots(batch, length, shared)
         inputs = (q, k, v, out_slots, k_pool, v_pool, kv_slots, kv_lens)
         same = torch.equal(attend(base, inputs), attend(new, inputs))
         t = race({"base": partial(attend, base, inputs), "new": partial(attend, new, inputs)}, 20, rounds=7)

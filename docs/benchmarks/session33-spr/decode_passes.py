@@ -5,7 +5,8 @@ flushed before each; the wall of ``generate`` and the sum of each kind of pass's
 
     PYTHONPATH=. python docs/benchmarks/session33-spr/decode_passes.py [--model M] [--groups 4] [--per-group 8]
 
-notes.md runs it on two trees in turn (the commit before: a git worktree with its own PYTHONPATH).
+Its defaults are session 32's shape and passes (session 32 ran it as its own script). notes.md runs it on two
+trees in turn (the commit before: a git worktree with its own PYTHONPATH).
 """
 
 from __future__ import annotations

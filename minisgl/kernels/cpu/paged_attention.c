@@ -233,10 +233,16 @@ static void add_values_tail(int64_t keys, int64_t chunks, const float *weights, 
 // each sum's terms in the same order: a member's output is the same bits in a group as alone. Timed with
 // python -m benchmarks.decode_attention (docs/benchmarks/session33-spr/attention_ab.py against a commit).
 // With 256-bit registers the staged sums hold 2 rows of 16 values, and reading the staged values again for
-// every 2 rows cost more than the widening saved (0.86-0.89x at 135M's shared case): those builds never stage.
+// every 2 rows cost more than the widening saved (0.86-0.89x at 135M's shared case, the avx2 build in scratch
+// A/Bs): those builds never stage.
 #if defined(KERNELS_AVX512)
 #define STAGED_ROWS 8
+#define STAGED_PER_KEY(d) (2 * (d))  // the floats a staged key takes in a thread's buffer: its key and its value
+#else
+#define STAGED_PER_KEY(d) 0
+#endif
 
+#if defined(KERNELS_AVX512)
 // dot_keys over `blocks` x KEYS keys (rows[j], into out[a * out_stride + j]) in one call: a call for one block
 // spends about as much on its entry as on its fmas.
 typedef void (*DotKeyRuns)(const float *, const void *, const int64_t *, int64_t, int64_t, int, float, float *,
@@ -503,7 +509,7 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
         // ([widest]), then a KV head's staged keys and values ([widest, d] each; the AVX-512 builds stage), kept
         // for its next call.
         static _Thread_local Scratch scratch;
-        float *scores = scratch_reserve(&scratch, (sizeof(float) * (size_t)(max_task_rows + 2 * d) +
+        float *scores = scratch_reserve(&scratch, (sizeof(float) * (size_t)(max_task_rows + STAGED_PER_KEY(d)) +
                                                    2 * sizeof(int64_t)) * (size_t)widest);
         if (scores == NULL) {
 #pragma omp atomic write
