@@ -191,8 +191,8 @@ class PagedPrefill:
         self.q_starts, self.new_lens, self.prefix_lens, self.decoding = q_starts, new_lens, prefix_lens, decoding
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self.pool.store(layer_id, self.out_slots, k, v)
         k_pool, v_pool = self.pool.k[layer_id], self.pool.v[layer_id]
+        self.kernels.store_kv(k, v, self.out_slots, k_pool, v_pool)
         out = self.kernels.prefill_attention(
             q, k_pool, v_pool, self.kv_slots, self.q_starts, self.new_lens, self.prefix_lens
         )

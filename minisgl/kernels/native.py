@@ -435,6 +435,37 @@ class CpuKernels:
             self.raise_for("paged_decode_attention", self.lib.paged_decode_attention(*args, torch.get_num_threads()))
         return out
 
+    def store_kv(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out_slots: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        reference: bool = False,
+    ) -> None:
+        """An extend pass's new keys and values stored in place: ``k``, ``v`` [tokens, kv_heads, d] fp32,
+        each token's heads contiguous and its rows any number of floats apart (views into the fused QKV
+        output), at ``out_slots`` [tokens] of ``k_pool``, ``v_pool`` (one layer's [slots, kv_heads, d],
+        fp32 or bf16), rounded as torch's cast rounds (``KVPool.store``'s bits)."""
+        tokens, kv_heads, d = _check_token_rows("k", k)
+        if _check_token_rows("v", v) != (tokens, kv_heads, d):
+            raise ValueError(f"v must have k's shape {list(k.shape)}, got {list(v.shape)}")
+        if d % 16:
+            raise ValueError(f"store_kv needs head_dim % 16 == 0, got {d}")
+        _check("k_pool", k_pool, (torch.float32, torch.bfloat16), (None, kv_heads, d))
+        _check("v_pool", v_pool, (k_pool.dtype,), tuple(k_pool.shape))
+        _check("out_slots", out_slots, (torch.int64,), (tokens,))
+        p = self.pointer
+        args = (
+            p(k), k.stride(0), p(v), v.stride(0), p(out_slots), tokens, p(k_pool), p(v_pool), k_pool.shape[0],
+            int(k_pool.dtype == torch.bfloat16), kv_heads, d,
+        )  # fmt: skip
+        if reference:
+            self.raise_for("store_new_kv_ref", self.lib.store_new_kv_ref(*args))
+        else:
+            self.raise_for("store_new_kv", self.lib.store_new_kv(*args, torch.get_num_threads()))
+
     @cached_property
     def runs_prefill_attention(self) -> bool:
         """Whether this library's prefill attention runs on this CPU (AVX-512 BF16)."""

@@ -108,6 +108,17 @@ int paged_decode_attention_ref(const float *q, const float *k, const float *v, c
                                int64_t stride, const int64_t *kv_lens, int64_t batch, int64_t heads,
                                int64_t kv_heads, int64_t d, float scale, float *out);
 
+// An extend pass's new keys and values stored at their slots (paged_attention.c): token t's k (its heads
+// contiguous, k_stride floats after token t - 1's: a view into the fused QKV output) and v at out_slots[t] of
+// k_pool and v_pool ([slots, kv_heads, d], bf16 if kv_bf16 else fp32), rounded to bf16 as torch's cast rounds;
+// the slots checked before anything is written. d a multiple of 16.
+int store_new_kv(const float *k, int64_t k_stride, const float *v, int64_t v_stride, const int64_t *out_slots,
+                 int64_t tokens, void *k_pool, void *v_pool, int64_t slots, int kv_bf16, int64_t kv_heads, int64_t d,
+                 int threads);
+int store_new_kv_ref(const float *k, int64_t k_stride, const float *v, int64_t v_stride, const int64_t *out_slots,
+                     int64_t tokens, void *k_pool, void *v_pool, int64_t slots, int kv_bf16, int64_t kv_heads,
+                     int64_t d);
+
 // Causal attention of an extend pass's queries over a bf16 pool (prefill_attention.c), their keys and
 // values already stored: request b's queries are rows q_starts[b] .. + new_lens[b] of q [tokens, heads, d]
 // fp32 (each token's heads contiguous, its row q_stride floats after the one before: a view into the fused

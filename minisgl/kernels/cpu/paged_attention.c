@@ -113,6 +113,26 @@ int paged_decode_attention_ref(const float *q, const float *k, const float *v, c
     return KERNELS_OK;
 }
 
+static int check_new_kv(const int64_t *out_slots, int64_t tokens, int64_t slots, int64_t kv_heads, int64_t d) {
+    if (d % DIM_STEP || kv_heads < 1) return KERNELS_BAD_SHAPE;
+    for (int64_t t = 0; t < tokens; t++)
+        if (out_slots[t] < 0 || out_slots[t] >= slots) return KERNELS_BAD_OUT_SLOT;
+    return KERNELS_OK;
+}
+
+int store_new_kv_ref(const float *k, int64_t k_stride, const float *v, int64_t v_stride, const int64_t *out_slots,
+                     int64_t tokens, void *k_pool, void *v_pool, int64_t slots, int kv_bf16, int64_t kv_heads,
+                     int64_t d) {
+    const int invalid = check_new_kv(out_slots, tokens, slots, kv_heads, d);
+    if (invalid) return invalid;
+    const int64_t row = kv_heads * d;
+    for (int64_t t = 0; t < tokens; t++) {
+        store_kv_plain(k_pool, out_slots[t] * row, k + t * k_stride, row, kv_bf16);
+        store_kv_plain(v_pool, out_slots[t] * row, v + t * v_stride, row, kv_bf16);
+    }
+    return KERNELS_OK;
+}
+
 #if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
 
 #if defined(KERNELS_AVX512)
@@ -633,6 +653,22 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
     return failed ? KERNELS_NO_MEMORY : KERNELS_OK;
 }
 
+// An extend pass's rows split over the threads, each rounded and stored in one pass: through torch it took a
+// strided cast into a temporary and a scatter of that.
+int store_new_kv(const float *k, int64_t k_stride, const float *v, int64_t v_stride, const int64_t *out_slots,
+                 int64_t tokens, void *k_pool, void *v_pool, int64_t slots, int kv_bf16, int64_t kv_heads, int64_t d,
+                 int threads) {
+    const int invalid = check_new_kv(out_slots, tokens, slots, kv_heads, d);
+    if (invalid) return invalid;
+    const int64_t row = kv_heads * d;
+#pragma omp parallel for num_threads(threads) schedule(static) if (tokens > 16)
+    for (int64_t t = 0; t < tokens; t++) {
+        store_kv(k_pool, out_slots[t] * row, k + t * k_stride, row, kv_bf16);
+        store_kv(v_pool, out_slots[t] * row, v + t * v_stride, row, kv_bf16);
+    }
+    return KERNELS_OK;
+}
+
 #else  // no SIMD: the reference is the body
 
 int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,
@@ -642,6 +678,13 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
     (void)threads;
     return paged_decode_attention_ref(q, k, v, out_slots, k_pool, v_pool, slots, kv_bf16, kv_slots, stride, kv_lens,
                                       batch, heads, kv_heads, d, scale, out);
+}
+
+int store_new_kv(const float *k, int64_t k_stride, const float *v, int64_t v_stride, const int64_t *out_slots,
+                 int64_t tokens, void *k_pool, void *v_pool, int64_t slots, int kv_bf16, int64_t kv_heads, int64_t d,
+                 int threads) {
+    (void)threads;
+    return store_new_kv_ref(k, k_stride, v, v_stride, out_slots, tokens, k_pool, v_pool, slots, kv_bf16, kv_heads, d);
 }
 
 #endif

@@ -86,14 +86,16 @@ int prefill_attention_ref(const float *q, int64_t q_stride, int64_t tokens, int6
 
 #if defined(KERNELS_AVX512)
 
-#define BF16 __attribute__((target("avx512bf16")))
+#define BF16 __attribute__((target("avx512bf16,avx512dq")))
 #define ROWS 8       // query rows of a block: with two key vectors, 16 accumulators
 #define KEYS 32      // keys per step of the scores (two vectors), and the padding of every key count
 #define CHUNKS 4     // value vectors (16 dimensions each) a row's weighted sum holds at once
 #define ROW_GROUP 4  // rows whose weighted sums run together: ROW_GROUP x CHUNKS accumulators
 #define PACKED_BYTES (16 << 20)  // the packed keys and values of a round of heads, at most (one head at least)
 
-int prefill_attention_runs(void) { return __builtin_cpu_supports("avx512bf16") != 0; }
+int prefill_attention_runs(void) {
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512dq");
+}
 
 static inline int64_t padded(int64_t n) { return (n + KEYS - 1) / KEYS * KEYS; }
 
@@ -159,36 +161,44 @@ BF16 static void score_block(const uint16_t *query, const uint16_t *packed, int6
 }
 
 // e^((raw - top) scale) of 16 raw scores, for weights rounded to bf16 (8 bits): as 2^t, t = (raw - top) x
-// scale x log2 e in one fma (c = scale x log2 e, top_c = top x c), 2^t = 2^n 2^f with n = round(t),
-// |f| <= 1/2, 2^f by its Taylor series to f^5 (within 3e-6 of it, where bf16's rounding is 4e-3: vec_exp's
-// fp32 accuracy would buy nothing here, at twice the instructions). t is held at -127 or above, so that an
+// scale x log2 e in one fma (c = scale x log2 e, top_c = top x c), 2^t = 2^floor(t) 2^f with f = t - floor(t)
+// in [0, 1) in one instruction (vreduceps), 2^f by its minimax quartic (within 3e-6 of it, where bf16's
+// rounding is 4e-3: vec_exp's fp32 accuracy would buy nothing here, at twice the instructions) and
+// 2^floor(t) by vscalefps, which floors its exponent itself. t is held at -127 or above, so that an
 // overflowing product gives a weight of about 0 rather than -inf - -inf; a NaN stays one (max gives its
 // second operand where either is a NaN).
 BF16 static inline __m512 weight_of(__m512 raw, __m512 c, __m512 top_c) {
     const __m512 t = _mm512_max_ps(_mm512_set1_ps(-127.0f), _mm512_fmsub_ps(raw, c, top_c));
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.3333558e-3f);                   // ln2^5 / 120
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));   // ln2^4 / 24
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));   // ln2^3 / 6
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));   // ln2^2 / 2
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));   // ln2
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_set1_ps(1.3534121e-2f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.2011482e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4144280e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9300383e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000026f));
+    return _mm512_scalef_ps(p, t);
 }
 
 // A row's softmax numerators over its `seen` keys (its raw scores times `scale`), rounded to bf16 into
 // `weights` (zero up to `keys`): their fp32 sum. The scale is positive, so the largest raw score is the
-// largest scaled one, and the scaling folds into weight_of's first fma.
+// largest scaled one, and the scaling folds into weight_of's first fma. Whole vectors of seen keys go
+// unmasked; the last part one and the padding after it masked.
 BF16 static float weigh_row(const float *scores, float scale, int64_t seen, int64_t keys, uint16_t *weights) {
     __m512 top = _mm512_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < seen; j += 16) {
-        const __mmask16 in = (__mmask16)(seen - j >= 16 ? 0xFFFF : (1u << (seen - j)) - 1);
-        top = _mm512_mask_max_ps(top, in, top, _mm512_maskz_loadu_ps(in, scores + j));
+    const int64_t whole = seen / 16 * 16;
+    for (int64_t j = 0; j < whole; j += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(scores + j));
+    if (whole < seen) {
+        const __mmask16 in = (__mmask16)((1u << (seen - whole)) - 1);
+        top = _mm512_mask_max_ps(top, in, top, _mm512_maskz_loadu_ps(in, scores + whole));
     }
     const float c = scale * 1.44269504088896341f;
     const __m512 times = _mm512_set1_ps(c), top_c = _mm512_set1_ps(_mm512_reduce_max_ps(top) * c);
     __m512 total = _mm512_setzero_ps();
-    for (int64_t j = 0; j < keys; j += 16) {
+    for (int64_t j = 0; j < whole; j += 16) {
+        const __m512 e = weight_of(_mm512_loadu_ps(scores + j), times, top_c);
+        total = _mm512_add_ps(total, e);
+        _mm256_storeu_si256((__m256i *)(weights + j), (__m256i)_mm512_cvtneps_pbh(e));
+    }
+    for (int64_t j = whole; j < keys; j += 16) {
         const int64_t left = seen - j;
         const __mmask16 in = (__mmask16)(left >= 16 ? 0xFFFF : left <= 0 ? 0 : (1u << left) - 1);
         const __m512 e = _mm512_maskz_mov_ps(in, weight_of(_mm512_loadu_ps(scores + j), times, top_c));
