@@ -486,6 +486,8 @@ def test_metrics(server: Server) -> None:
     assert memory["kv_pool"] == 1024 * 2 * 30 * 3 * 64 * 4  # K and V of 30 layers x 3 heads x 64, fp32 (none)
     generated = families["minisgl_generated_tokens"].samples[0].value
     assert generated > 0
+    for name in ("minisgl_decode_steps", "minisgl_prefill_seconds", "minisgl_decode_seconds"):
+        assert families[name].samples[0].value > 0, name
     ttft_count = next(
         s.value for s in families["minisgl_time_to_first_token_seconds"].samples if s.name.endswith("_count")
     )

@@ -31,6 +31,9 @@ class _SchedulerCollector(Collector):
         )
         yield CounterMetricFamily("minisgl_prefill_tokens", "Tokens computed in prefill passes", value=s.prefill_tokens)
         yield CounterMetricFamily("minisgl_generated_tokens", "Tokens generated", value=s.generated_tokens)
+        yield CounterMetricFamily("minisgl_prefill_seconds", "Wall time of prefill passes", value=s.prefill_seconds)
+        yield CounterMetricFamily("minisgl_decode_seconds", "Wall time of decode steps", value=s.decode_seconds)
+        yield CounterMetricFamily("minisgl_decode_steps", "Decode steps", value=s.decode_steps)
         yield GaugeMetricFamily("minisgl_cache_hit_rate", "cached_tokens / prompt_tokens since start", value=s.hit_rate)
         yield CounterMetricFamily(
             "minisgl_draft_tokens", "Speculative decoding: draft tokens verified", value=s.draft_tokens
