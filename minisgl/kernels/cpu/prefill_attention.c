@@ -14,7 +14,7 @@
 // block's scores for all the keys it sees (a two-pass softmax, no rescaling), its weights rounded to
 // bf16, then the weighted values. A row sees the same keys in the same order whatever the pass it is
 // in, so a token's attention is the same, bit for bit, in one pass or chunked, with its prefix cached
-// or not, alone or beside requests that share it. The amx build runs blocks of 16 rows as AMX-BF16 tile
+// or not, alone or beside requests that share it. The amx build runs blocks of 32 rows as AMX-BF16 tile
 // products instead (attend_block_tiles), on the same packed keys and values, with the same guarantees.
 
 #include <math.h>
@@ -289,54 +289,68 @@ BF16 static void attend_block(const Head *a, int64_t first, uint16_t *query, flo
 }
 
 #if defined(KERNELS_AMX)
-#define TILE_ROWS 16  // query rows of a block on the tile unit: a tile register's rows
+#define TILE_ROWS 16                  // a tile register's rows
+#define BLOCK_ROWS_TILES (2 * TILE_ROWS)  // query rows of a block on the tile unit: two tile registers' worth
 
-// A block's weighted sums of 64 dimensions from i, chunks (2 or 4) of 16 in the sum registers 0 ..
-// chunks - 1, stored and divided by each row's total into out[r] + i.
-#define SUMS_OUT(c)                                                                                 \
-    do {                                                                                            \
-        _tile_stored(c, sums, 16 * sizeof(float));                                                  \
-        for (int r = 0; r < TILE_ROWS; r++)                                                         \
-            if (out[r] != NULL)                                                                     \
-                _mm512_storeu_ps(out[r] + i + 16 * (c),                                             \
-                                 _mm512_mul_ps(_mm512_load_ps(sums + r * 16), _mm512_set1_ps(1.0f / total[r]))); \
+// Sum register c's 16 rows x 16 dimensions (rows TILE_ROWS half .., dimensions i + 16 part ..) stored, and
+// divided by each row's total into out[row] + i + 16 part.
+#define SUMS_OUT(c, half, part)                                                                             \
+    do {                                                                                                    \
+        _tile_stored(c, sums, 16 * sizeof(float));                                                          \
+        for (int r = 0; r < TILE_ROWS; r++) {                                                               \
+            const int row = (half) * TILE_ROWS + r;                                                         \
+            if (out[row] != NULL)                                                                           \
+                _mm512_storeu_ps(out[row] + i + 16 * (part),                                                \
+                                 _mm512_mul_ps(_mm512_load_ps(sums + r * 16), _mm512_set1_ps(1.0f / total[row]))); \
+        }                                                                                                   \
     } while (0)
 
-// attend_block's work for TILE_ROWS rows on the tile unit (AMX-BF16), head_dim a multiple of 32. The
+// attend_block's work for BLOCK_ROWS_TILES rows on the tile unit (AMX-BF16), head_dim a multiple of 32. The
 // packed keys are the layout a tile product takes (per block of 16 keys, 16 pairs of dimensions a
-// 32-dimension step), as are the packed values (per 16 pairs of keys, each row 16 dimensions x 2): the
-// scores of 16 rows x 32 keys sum in two registers, the weighted sums of 16 rows x 64 dimensions in four.
-// A row's sums run over the same keys in the same steps of 32 whatever its block: keys past its own
-// weigh 0, and each row of a tile product is its own.
+// 32-dimension step), as are the packed values (per 16 pairs of keys, each row 16 dimensions x 2). The block's
+// two halves of 16 rows share each key and value tile loaded (the packed keys and values come from L2, which
+// with one half a load fed the tile unit too slowly): the scores of 32 rows x 32 keys sum in four registers,
+// the weighted sums of 32 rows x 32 dimensions too. A row's sums run over the same keys in the same steps of
+// 32 whatever its block: keys past its own weigh 0, and each row of a tile product is its own.
 BF16 static void attend_block_tiles(const Head *a, int64_t first, uint16_t *query, float *scores,
                                     uint16_t *weights, int64_t ld) {
     const int64_t d = a->d;
-    float *out[TILE_ROWS];
-    int64_t seen[TILE_ROWS];
-    block_rows_of(a, first, TILE_ROWS, query, out, seen);
-    const int64_t keys = padded(seen[TILE_ROWS - 1]);  // the last row sees the most
+    float *out[BLOCK_ROWS_TILES];
+    int64_t seen[BLOCK_ROWS_TILES];
+    block_rows_of(a, first, BLOCK_ROWS_TILES, query, out, seen);
+    const int64_t keys = padded(seen[BLOCK_ROWS_TILES - 1]);  // the last row sees the most
     const size_t score_stride = sizeof(float) * (size_t)ld, weight_stride = sizeof(uint16_t) * (size_t)ld;
+    const size_t query_stride = sizeof(uint16_t) * (size_t)d;
+    const uint16_t *second_query = query + TILE_ROWS * d;
+    float *second_scores = scores + TILE_ROWS * ld;
     for (int64_t j = 0; j < keys; j += KEYS) {
         const uint16_t *block = a->keys + j * d;  // keys j .. j + 15, then j + 16 .. j + 31
         _tile_zero(0);
         _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
         for (int64_t i = 0; i < d; i += 32) {
-            _tile_loadd(4, query + i, sizeof(uint16_t) * (size_t)d);
+            _tile_loadd(4, query + i, query_stride);
+            _tile_loadd(5, second_query + i, query_stride);
             _tile_loadd(6, block + i * 16, 64);
             _tile_loadd(7, block + 16 * d + i * 16, 64);
             _tile_dpbf16ps(0, 4, 6);
             _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
         }
         _tile_stored(0, scores + j, score_stride);
         _tile_stored(1, scores + j + 16, score_stride);
+        _tile_stored(2, second_scores + j, score_stride);
+        _tile_stored(3, second_scores + j + 16, score_stride);
     }
-    float total[TILE_ROWS];
-    for (int r = 0; r < TILE_ROWS; r++)
+    float total[BLOCK_ROWS_TILES];
+    for (int r = 0; r < BLOCK_ROWS_TILES; r++)
         total[r] = weigh_row(scores + r * ld, a->scale, seen[r], keys, weights + r * ld);
     float sums[TILE_ROWS * 16] __attribute__((aligned(64)));
     const size_t value_stride = sizeof(uint16_t) * 2 * (size_t)d;
-    for (int64_t i = 0; i < d; i += 64) {
-        const int four = d - i >= 64;
+    const uint16_t *second_weights = weights + TILE_ROWS * ld;
+    for (int64_t i = 0; i < d; i += 32) {
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
@@ -344,23 +358,18 @@ BF16 static void attend_block_tiles(const Head *a, int64_t first, uint16_t *quer
         for (int64_t j = 0; j < keys; j += KEYS) {
             const uint16_t *pairs = a->values + j * d + 2 * i;  // key pairs j / 2 .., dimensions i ..
             _tile_loadd(4, weights + j, weight_stride);
-            _tile_loadd(5, pairs, value_stride);
-            _tile_dpbf16ps(0, 4, 5);
-            _tile_loadd(6, pairs + 32, value_stride);
-            _tile_dpbf16ps(1, 4, 6);
-            if (four) {
-                _tile_loadd(7, pairs + 64, value_stride);
-                _tile_dpbf16ps(2, 4, 7);
-                _tile_loadd(5, pairs + 96, value_stride);
-                _tile_dpbf16ps(3, 4, 5);
-            }
+            _tile_loadd(5, second_weights + j, weight_stride);
+            _tile_loadd(6, pairs, value_stride);
+            _tile_loadd(7, pairs + 32, value_stride);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
         }
-        SUMS_OUT(0);
-        SUMS_OUT(1);
-        if (four) {
-            SUMS_OUT(2);
-            SUMS_OUT(3);
-        }
+        SUMS_OUT(0, 0, 0);
+        SUMS_OUT(1, 0, 1);
+        SUMS_OUT(2, 1, 0);
+        SUMS_OUT(3, 1, 1);
     }
 }
 #endif
@@ -400,7 +409,7 @@ int prefill_attention(const float *q, int64_t q_stride, int64_t tokens, int64_t 
     const int64_t group = heads / kv_heads;
 #if defined(KERNELS_AMX)
     const int tiles = d % 32 == 0;  // the tile unit's blocks (a tile register's row is 32 bf16)
-    const int64_t block_rows = tiles ? TILE_ROWS : ROWS;
+    const int64_t block_rows = tiles ? BLOCK_ROWS_TILES : ROWS;
 #else
     const int64_t block_rows = ROWS;
 #endif
