@@ -9,6 +9,7 @@ import torch
 
 from minisgl.batch import SamplingRows
 from minisgl.constrained.matcher import GrammarMatcher, mask_logits
+from minisgl.kernels.native import CpuKernels
 from minisgl.sampling import SamplingParams
 
 _U64 = 2**64 - 1
@@ -47,8 +48,9 @@ class Sampler:
     """Samples one token per row. Greedy rows are one batched argmax; other rows draw from their own
     generator (``generator_for``) so that a seeded request is reproducible whatever batch it lands in."""
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, kernels: CpuKernels | None = None) -> None:
         self._default_generator = torch.Generator().manual_seed(seed)
+        self.kernels = kernels  # the engine's C kernels: their argmax for CPU logits
 
     @staticmethod
     def generator_for(params: SamplingParams, position: int) -> torch.Generator | None:
@@ -64,9 +66,13 @@ class Sampler:
         the tokens it allows next (``logits`` is masked in place). A row whose own masking or sampling
         fails is reported in ``errors`` instead of failing the batch: the error belongs to that request."""
         errors = _mask_grammar_rows(logits, rows.grammars) if any(g is not None for g in rows.grammars) else {}
-        # max's indices are argmax's (the first of equal maxima), from a faster CPU kernel than argmax's
-        # (docs/benchmarks/session32-spr/argmax.py times both).
-        sampled = Sampled(logits.max(dim=-1).indices.cpu(), errors)
+        # max's indices are argmax's (the first of equal maxima), from a faster kernel than argmax's; the C
+        # kernels' argmax gives the same indices faster still (docs/benchmarks/session34-spr/argmax.py).
+        if self.kernels is not None and logits.is_cpu and logits.dtype == torch.float32 and logits.is_contiguous():
+            greedy = self.kernels.argmax(logits)
+        else:
+            greedy = logits.max(dim=-1).indices.cpu()
+        sampled = Sampled(greedy, errors)
         sampled_rows = [i for i, p in enumerate(rows.params) if not p.greedy and i not in errors]
         if sampled_rows:
             picked = logits[sampled_rows].float().cpu()

@@ -90,7 +90,7 @@ def test_a_library_without_every_declared_kernel_is_refused(tmp_path: Path) -> N
     source = tmp_path / "partial.c"
     source.write_text('const char *kernels_variant(void) { return "avx2"; }\n')
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "partial.so"), str(source)], check=True)
-    with pytest.raises(OSError, match="partial.so lacks decode_layer_scratch, which kernels.h declares"):
+    with pytest.raises(OSError, match=r"partial.so lacks \w+, which kernels.h declares"):
         CpuKernels(tmp_path / "partial.so", VARIANTS[-1])
 
 
@@ -639,6 +639,28 @@ def test_store_kv_refuses_mismatched_arguments(kernels: CpuKernels) -> None:
         with pytest.raises(ValueError, match=message):
             kernels.store_kv(**{**good, name: value})
     assert torch.equal(pool, stored)  # a refused call wrote nothing
+
+
+@pytest.mark.parametrize("rows, n", [(1, 49152), (32, 49152), (9, 37), (3, 7)])
+def test_argmax_is_max_s_indices(kernels: CpuKernels, rows: int, n: int) -> None:
+    """Every build's argmax and its reference against torch.max's indices: rows whose largest value repeats
+    (the first wins, -0.0 and 0.0 alike), masked rows (all -inf), and rows with NaNs (the first NaN's
+    index), at widths on both sides of a vector's."""
+    g = torch.Generator().manual_seed(rows * n)
+    x = torch.randint(-3, 3, (rows, n), generator=g).float()
+    x[0, -1] = 3.0  # the largest in the last lane: past every whole vector where n is not a multiple of one
+    if rows > 2:
+        x[1] = float("-inf")
+        x[2, n // 2 :] = float("nan")
+    if rows > 3:
+        x[3] = 0.0
+        x[3, ::2] = -0.0
+    for reference in (True, False):
+        assert torch.equal(kernels.argmax(x, reference=reference), x.max(dim=-1).indices), reference
+    for bad, message in ((torch.zeros(2, 0), "at least one column"), (x.double(), "x must be torch.float32"),
+                         (torch.zeros(4, 6)[:, ::2], "x must be contiguous")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            kernels.argmax(bad)
 
 
 def test_prefill_attention_refuses_mismatched_arguments(kernels: CpuKernels) -> None:

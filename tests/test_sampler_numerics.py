@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from minisgl.batch import SamplingRows
 from minisgl.sampler import Sampler, probabilities
 from minisgl.sampling import GREEDY_TEMPERATURE, MAX_TEMPERATURE, SamplingParams
+from tests.conftest import c_kernels_or_skip
 
 VOCAB = 32
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
@@ -71,13 +72,21 @@ def test_temperature_below_the_threshold_is_greedy() -> None:
     rows=st.integers(1, 40),
     vocab=st.integers(1, 300),
     levels=st.integers(1, 4),  # few distinct values: most rows tie at their maximum
+    special=st.sampled_from([None, float("-inf"), float("nan"), -0.0]),  # sprinkled over some logits
     seed=st.integers(0, 2**31 - 1),
 )
-def test_greedy_rows_take_argmax_s_token_ties_included(rows: int, vocab: int, levels: int, seed: int) -> None:
-    """The greedy token is the first of a row's largest logits, as torch.argmax gives it, at any batch
-    and vocabulary size (the sampler takes max's indices, a faster kernel)."""
+def test_greedy_rows_take_argmax_s_token_ties_included(
+    rows: int, vocab: int, levels: int, special: float | None, seed: int
+) -> None:
+    """The greedy token is the first of a row's largest logits (or of its NaNs), as torch.argmax gives
+    it, at any batch and vocabulary size, masked (-inf) logits and signed zeros among them: through
+    torch's max (a faster kernel than argmax's) and through the C kernels' argmax (the engine's sampler
+    on the CPU; every build: tests/test_kernel_variants.py)."""
     g = torch.Generator().manual_seed(seed)
     logits = torch.randint(0, levels, (rows, vocab), generator=g).float()
+    if special is not None:
+        logits[torch.rand(rows, vocab, generator=g) < 0.05] = special
     greedy = [SamplingParams(temperature=0.0)] * rows
-    sampled = Sampler().sample(logits.clone(), SamplingRows(greedy, [None] * rows))
-    assert torch.equal(sampled.next_ids, torch.argmax(logits, dim=-1))
+    for sampler in (Sampler(), Sampler(kernels=c_kernels_or_skip())):
+        sampled = sampler.sample(logits.clone(), SamplingRows(greedy, [None] * rows))
+        assert torch.equal(sampled.next_ids, torch.argmax(logits, dim=-1)), sampler.kernels

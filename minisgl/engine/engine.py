@@ -85,7 +85,7 @@ class Engine:
             self.pool, self.table.page_table, heads.num_q, heads.num_kv, cfg.head_dim, cfg.layer_windows,
             config.torch_dtype, self.kernels, self.window_pool, self.table.window_table,
         )
-        self.sampler = Sampler(config.seed)
+        self.sampler = Sampler(config.seed, self.kernels)
         # Bytes by part, fixed from here on (the start-up log, ``/metrics``, ``LLM.stats()``).
         kv_bytes = self.pool.nbytes + (self.window_pool.nbytes if self.window_pool is not None else 0)
         self.memory = {**memory_bytes(self.model), "kv_pool": kv_bytes}

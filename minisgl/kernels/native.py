@@ -557,6 +557,20 @@ class CpuKernels:
         self.lib.silu_mul(p(gate_up), rows, n, p(act), torch.get_num_threads())
         return act
 
+    def argmax(self, x: torch.Tensor, reference: bool = False) -> torch.Tensor:
+        """Each row's index of its largest value in fp32 ``x`` [rows, n], the first of equal ones, or of its
+        first NaN: ``x.max(dim=-1).indices``, the greedy sampler's tokens → [rows] int64."""
+        _check("x", x, (torch.float32,), (None, None))
+        if x.shape[1] < 1:
+            raise ValueError("x must have at least one column")
+        out = torch.empty(x.shape[0], dtype=torch.int64)
+        args = (self.pointer(x), x.shape[0], x.shape[1], self.pointer(out))
+        if reference:
+            self.raise_for("argmax_rows_ref", self.lib.argmax_rows_ref(*args))
+        else:
+            self.raise_for("argmax_rows", self.lib.argmax_rows(*args, torch.get_num_threads()))
+        return out
+
     def fused_decoder(self, layers: list[LayerWeights]) -> FusedDecoder:
         return FusedDecoder(self, layers)
 

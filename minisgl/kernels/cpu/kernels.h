@@ -142,6 +142,11 @@ void rotary(const float *x, int64_t stride, int64_t tokens, int64_t heads, int64
             const float *sin, float *out, int threads);
 void silu_mul(const float *gate_up, int64_t rows, int64_t n, float *act, int threads);
 
+// out[r] = the index of the largest of row r of x [rows, n] fp32, the first of equal ones, or of the row's first
+// NaN (torch.max's indices; argmax.c).
+int argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out, int threads);
+int argmax_rows_ref(const float *x, int64_t rows, int64_t n, int64_t *out);
+
 int64_t decode_layer_scratch(int64_t batch, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
                              int64_t intermediate);
 int decode_layers(const Layer *layers, int64_t count, const Step *s, const float *x, float *residual, float *out,

@@ -183,6 +183,9 @@ typedef __m512 VecF;
 #define vec_unpacklo _mm512_unpacklo_ps
 #define vec_unpackhi _mm512_unpackhi_ps
 #define vec_shuffle _mm512_shuffle_ps
+// Bit i set where lane i of a equals lane i of b (ordered: never for a NaN), or where lane i is a NaN.
+#define vec_equal_bits(a, b) ((unsigned)_mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ))
+#define vec_nan_bits(a) ((unsigned)_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q))
 // The sum of a vector's 128-bit lanes.
 static inline __m128 vec_fold128(VecF v) {
     // The upper 256 bits through the double view: extractf32x8 is AVX-512DQ, which the build does not ask for.
@@ -218,6 +221,8 @@ static inline float vec_reduce_max(VecF v) {
 #define vec_unpacklo _mm256_unpacklo_ps
 #define vec_unpackhi _mm256_unpackhi_ps
 #define vec_shuffle _mm256_shuffle_ps
+#define vec_equal_bits(a, b) ((unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ)))
+#define vec_nan_bits(a) ((unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q)))
 static inline __m128 vec_fold128(VecF v) { return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); }
 #endif
 
