@@ -1,0 +1,49 @@
+"""Session 34: the engine's prefill of one long prompt, an earlier commit against the working tree, each in
+its own process (``python -m benchmarks.prefill_speed``: best of ``--repeats`` after a warm-up, the cache
+flushed before each), the two trees alternating ``--rounds`` times so that the VM's drift falls on both.
+The earlier commit runs from a git worktree of its own.
+
+    PYTHONPATH=. python docs/benchmarks/session34-spr/prefill_ab.py --base dc2cccd [--models default scale-1.7b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def run(tree: Path, models: list[str], repeats: int) -> str:
+    command = [sys.executable, "-m", "benchmarks.prefill_speed", "--models", *models, "--modes", "auto/float32",
+               "--repeats", str(repeats)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=True)
+    return "\n".join(line for line in done.stdout.splitlines() if line.startswith(("|", "#")))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", required=True, help="the commit to compare the working tree with")
+    parser.add_argument("--models", nargs="+", default=["default", "scale-1.7b"])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True,
+                       capture_output=True)  # fmt: skip
+        try:
+            for r in range(args.rounds):
+                for name, tree in (("base " + args.base, base), ("working tree", ROOT)):
+                    print(f"## round {r + 1}: {name}\n{run(tree, args.models, args.repeats)}", flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=True)
+
+
+if __name__ == "__main__":
+    main()
