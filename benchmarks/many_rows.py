@@ -27,7 +27,7 @@ import torch
 
 from benchmarks.machine import cpu_flags, load_average, machine_info
 from minisgl.heap import retain_freed_memory
-from minisgl.kernels.native import CpuKernels, load_sources, resolve_kernels
+from minisgl.kernels.native import CpuKernels, load_sources, load_variant, resolve_kernels
 from minisgl.kernels.variants import KERNEL_CHOICES
 from minisgl.layers.linear import Linear, pack_weights
 from minisgl.layers.quant import DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
@@ -58,6 +58,20 @@ def kernels_at(commit: str, variant: str) -> CpuKernels:
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
             tar.extractall(tmp, filter="data")
         return load_sources(variant, Path(tmp) / "minisgl/kernels/cpu")
+
+
+def builds_to_compare(doc: str) -> tuple[CpuKernels, CpuKernels]:
+    """An A/B script's start (``doc``: its help): ``--base COMMIT`` parsed, that commit's amx build and the
+    working tree's loaded, and a header printed with the machine, its AMX flags, the threads and the load
+    average. Returns (the commit's build, the working tree's)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", required=True, help="the commit whose kernel sources are the baseline")
+    commit = parser.parse_args().base
+    base, new = kernels_at(commit, "amx"), load_variant("amx")
+    threads, amx = torch.get_num_threads(), " ".join(sorted(f for f in cpu_flags() if f.startswith("amx")))
+    print(f"# {machine_info(threads)['cpu']}, AMX: {amx or 'none'}; {threads} threads; the amx build "
+          f"({new.variant.description}) of {commit} against the working tree's; load average {load_average()}")  # fmt: skip
+    return base, new
 
 
 def race(calls: dict[str, Callable[[], object]], repeats: int = 1, rounds: int = 5) -> dict[str, float]:

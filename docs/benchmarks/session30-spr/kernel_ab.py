@@ -11,14 +11,11 @@ bit for bit:
 
 from __future__ import annotations
 
-import argparse
 from functools import partial
 
 import torch
 
-from benchmarks.machine import machine_info
-from benchmarks.many_rows import PREFILL_PRODUCTS, kernels_at, race
-from minisgl.kernels import native
+from benchmarks.many_rows import PREFILL_PRODUCTS, builds_to_compare, race
 from minisgl.layers.quant import Int4Weight
 
 DECODE = [
@@ -31,12 +28,7 @@ DECODE_ROWS = (1, 8, 16, 32)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", required=True, help="the commit whose kernel sources are the baseline")
-    args = parser.parse_args()
-    base, new = kernels_at(args.base, "amx"), native.load_variant("amx")
-    print(f"# {machine_info(torch.get_num_threads())['cpu']}, {torch.get_num_threads()} threads; the amx build "
-          f"({new.variant.description}) of {args.base} against the working tree")  # fmt: skip
+    base, new = builds_to_compare(__doc__)
     print("| prefill rows' product | rows | base ms | new ms | speed-up | new GFLOP/s | same bits |")
     print("|---|---|---|---|---|---|---|")
     g = torch.Generator().manual_seed(0)

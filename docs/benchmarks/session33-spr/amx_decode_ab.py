@@ -9,14 +9,11 @@ digit of x; the int8 LM head takes two.
 
 from __future__ import annotations
 
-import argparse
 from functools import partial
 
 import torch
 
-from benchmarks.machine import cpu_flags, load_average, machine_info
-from benchmarks.many_rows import kernels_at, race
-from minisgl.kernels import native
+from benchmarks.many_rows import builds_to_compare, race
 from minisgl.layers.quant import Int4Weight, Int8Weight, QuantizedWeight
 
 # (name, out, in, format, digits of x)
@@ -32,13 +29,7 @@ ROWS = (1, 8, 9, 16, 17, 32, 64)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", required=True, help="the commit whose kernel sources are the baseline")
-    args = parser.parse_args()
-    base, new = kernels_at(args.base, "amx"), native.load_variant("amx")
-    amx = " ".join(sorted(f for f in cpu_flags() if f.startswith("amx")))
-    print(f"# {machine_info(torch.get_num_threads())['cpu']}, AMX: {amx}; {torch.get_num_threads()} threads; the amx "
-          f"build of {args.base} against the working tree's; load average {load_average()}")  # fmt: skip
+    base, new = builds_to_compare(__doc__)
     print("| product | rows | base ms | new ms | speed-up | same bits |")
     print("|---|---|---|---|---|---|")
     g = torch.Generator().manual_seed(0)

@@ -9,15 +9,12 @@ it against the memory. The cases are ``benchmarks.decode_attention``'s at 135M a
 
 from __future__ import annotations
 
-import argparse
 from functools import partial
 
 import torch
 
 from benchmarks.decode_attention import CASES, case_slots, distinct_rows
-from benchmarks.machine import cpu_flags, load_average, machine_info
-from benchmarks.many_rows import kernels_at, race
-from minisgl.kernels import native
+from benchmarks.many_rows import builds_to_compare, race
 from minisgl.kernels.native import CpuKernels
 
 
@@ -26,13 +23,7 @@ def attend(kernels: CpuKernels, inputs: tuple[torch.Tensor, ...]) -> torch.Tenso
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", required=True, help="the commit whose kernel sources are the baseline")
-    args = parser.parse_args()
-    base, new = kernels_at(args.base, "amx"), native.load_variant("amx")
-    amx = " ".join(sorted(f for f in cpu_flags() if f.startswith("amx")))
-    print(f"# {machine_info(torch.get_num_threads())['cpu']}, AMX: {amx}; {torch.get_num_threads()} threads; the amx "
-          f"build of {args.base} against the working tree's; load average {load_average()}")  # fmt: skip
+    base, new = builds_to_compare(__doc__)
     print("| case | base us | new us | speed-up | same bits |")
     print("|---|---|---|---|---|")
     for name, heads, kv_heads, d, batch, length, shared in CASES:

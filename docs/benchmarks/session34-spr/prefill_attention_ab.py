@@ -10,14 +10,11 @@ printed with the error of each against exact (fp64) attention of the bf16-rounde
 
 from __future__ import annotations
 
-import argparse
 from functools import partial
 
 import torch
 
-from benchmarks.machine import load_average, machine_info
-from benchmarks.many_rows import kernels_at, race
-from minisgl.kernels import native
+from benchmarks.many_rows import builds_to_compare, race
 from minisgl.kernels.native import CpuKernels
 
 # (name, new tokens, cached prefix, query heads, KV heads, head_dim)
@@ -47,12 +44,7 @@ def attend(kernels: CpuKernels, inputs: tuple[torch.Tensor, ...]) -> torch.Tenso
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", required=True, help="the commit whose kernel sources are the baseline")
-    args = parser.parse_args()
-    base, new = kernels_at(args.base, "amx"), native.load_variant("amx")
-    print(f"# {machine_info(torch.get_num_threads())['cpu']}, {torch.get_num_threads()} threads; the amx build of "
-          f"{args.base} against the working tree's; load average {load_average()}")  # fmt: skip
+    base, new = builds_to_compare(__doc__)
     print("| case | base ms | new ms | speed-up | base / new difference | base vs exact | new vs exact |")
     print("|---|---|---|---|---|---|---|")
     for name, n, prefix, heads, kv_heads, d in CASES:

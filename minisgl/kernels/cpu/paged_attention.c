@@ -40,6 +40,14 @@
 #define MAX_GROUP 16  // query heads per KV head
 #define DIM_STEP 16   // head_dim must be a multiple of this (every body's vector width divides it)
 
+// The new tokens' slots (and the head shape they are stored in), checked before anything is stored.
+static int check_new_kv(const int64_t *out_slots, int64_t tokens, int64_t slots, int64_t kv_heads, int64_t d) {
+    if (d % DIM_STEP || kv_heads < 1) return KERNELS_BAD_SHAPE;
+    for (int64_t t = 0; t < tokens; t++)
+        if (out_slots[t] < 0 || out_slots[t] >= slots) return KERNELS_BAD_OUT_SLOT;
+    return KERNELS_OK;
+}
+
 // q: [batch, heads, d]; k, v: [batch, kv_heads, d], stored at out_slots[b] of k_pool, v_pool:
 // [slots, kv_heads, d] (one layer's, bf16 if kv_bf16 else fp32); kv_slots: [batch, stride] slot of
 // each key, the first kv_lens[b] of each row attended; out: [batch, heads, d]. The slots and lengths
@@ -47,9 +55,10 @@
 // dot products).
 static int check_arguments(const int64_t *out_slots, int64_t slots, const int64_t *kv_slots, int64_t stride,
                            const int64_t *kv_lens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t d) {
-    if (d % DIM_STEP || kv_heads < 1 || heads % kv_heads || heads / kv_heads > MAX_GROUP) return KERNELS_BAD_SHAPE;
+    const int invalid = check_new_kv(out_slots, batch, slots, kv_heads, d);
+    if (invalid) return invalid;
+    if (heads % kv_heads || heads / kv_heads > MAX_GROUP) return KERNELS_BAD_SHAPE;
     for (int64_t b = 0; b < batch; b++) {
-        if (out_slots[b] < 0 || out_slots[b] >= slots) return KERNELS_BAD_OUT_SLOT;
         if (kv_lens[b] < 0 || kv_lens[b] > stride) return KERNELS_BAD_KV_LEN;
         for (int64_t j = 0; j < kv_lens[b]; j++)
             if (kv_slots[b * stride + j] < 0 || kv_slots[b * stride + j] >= slots) return KERNELS_BAD_KV_SLOT;
@@ -110,13 +119,6 @@ int paged_decode_attention_ref(const float *q, const float *k, const float *v, c
             }
         }
     free(scores);
-    return KERNELS_OK;
-}
-
-static int check_new_kv(const int64_t *out_slots, int64_t tokens, int64_t slots, int64_t kv_heads, int64_t d) {
-    if (d % DIM_STEP || kv_heads < 1) return KERNELS_BAD_SHAPE;
-    for (int64_t t = 0; t < tokens; t++)
-        if (out_slots[t] < 0 || out_slots[t] >= slots) return KERNELS_BAD_OUT_SLOT;
     return KERNELS_OK;
 }
 
@@ -253,8 +255,8 @@ static void add_values_tail(int64_t keys, int64_t chunks, const float *weights, 
 // each sum's terms in the same order: a member's output is the same bits in a group as alone. Timed with
 // python -m benchmarks.decode_attention (docs/benchmarks/session33-spr/attention_ab.py against a commit).
 // With 256-bit registers the staged sums hold 2 rows of 16 values, and reading the staged values again for
-// every 2 rows cost more than the widening saved (0.86-0.89x at 135M's shared case, the avx2 build in scratch
-// A/Bs): those builds never stage.
+// every 2 rows cost more than the widening saved (docs/benchmarks/session33-spr/notes.md): those builds never
+// stage.
 #if defined(KERNELS_AVX512)
 #define STAGED_ROWS 8
 #define STAGED_PER_KEY(d) (2 * (d))  // the floats a staged key takes in a thread's buffer: its key and its value

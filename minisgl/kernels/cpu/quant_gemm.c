@@ -557,9 +557,9 @@ static inline void unpack_group(const uint8_t *codes, uint8_t *out) {
         if (DIGITS == 2) _tile_stored(CL, (sums) + AMX_ROWS * TILE, 4 * TILE);      \
     } while (0)
 
-// A group's sums go to memory a group after its product (stored right after it, the products at 16 rows ran
-// about 1.1x slower on amx_decode_ab.py's shapes in scratch A/Bs), and the vector side takes them AMX_LAG
-// groups after the product. Memory holds 4 groups' sums.
+// The tile unit runs its instructions in order, so a group's sums go to memory a group after its product (a
+// store right after it would hold the next products back until the product is done), and the vector side
+// takes them AMX_LAG groups after the product. Memory holds 4 groups' sums.
 #define AMX_LAG 3
 
 // R rows of x from r0 (R <= AMX_ROWS) against one tile of output rows, all groups; `ring` holds
