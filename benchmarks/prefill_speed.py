@@ -7,7 +7,9 @@ cost does not depend on which). *peak over loaded*: the process's highest reside
 the prefills (Linux's VmHWM, reset once the model is loaded) less its resident memory then: what a
 long prompt adds to a loaded model. A mode that loads through dense temporaries (``none``) leaves
 freed heap that its prefill reuses, so the column compares a mode with itself across commits, not
-modes with each other. The machine and the kernels' code path are printed first.
+modes with each other; and where a pass's temporaries fall in glibc's heap moves the peak by hundreds of
+MiB from one run to the next (docs/benchmarks/session35-spr/notes.md), so compare it over several runs.
+The machine and the kernels' code path are printed first.
 
 Run: python -m benchmarks.prefill_speed [--models default scale-1.7b] [--modes auto/float32 none/float32
      none/bfloat16] [--prompt-len 2000] [--repeats 3] [--kernels auto|torch|c:avx2 ...]
