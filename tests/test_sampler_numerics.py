@@ -67,6 +67,7 @@ def test_temperature_below_the_threshold_is_greedy() -> None:
     assert not SamplingParams(temperature=GREEDY_TEMPERATURE).greedy
 
 
+@pytest.mark.parametrize("kernels", ["torch", "c"])
 @settings(max_examples=200, deadline=None)
 @given(
     rows=st.integers(1, 40),
@@ -76,17 +77,17 @@ def test_temperature_below_the_threshold_is_greedy() -> None:
     seed=st.integers(0, 2**31 - 1),
 )
 def test_greedy_rows_take_argmax_s_token_ties_included(
-    rows: int, vocab: int, levels: int, special: float | None, seed: int
+    kernels: str, rows: int, vocab: int, levels: int, special: float | None, seed: int
 ) -> None:
     """The greedy token is the first of a row's largest logits (or of its NaNs), as torch.argmax gives
     it, at any batch and vocabulary size, masked (-inf) logits and signed zeros among them: through
     torch's max (a faster kernel than argmax's) and through the C kernels' argmax (the engine's sampler
     on the CPU; every build: tests/test_kernel_variants.py)."""
+    sampler = Sampler(kernels=c_kernels_or_skip() if kernels == "c" else None)
     g = torch.Generator().manual_seed(seed)
     logits = torch.randint(0, levels, (rows, vocab), generator=g).float()
     if special is not None:
         logits[torch.rand(rows, vocab, generator=g) < 0.05] = special
     greedy = [SamplingParams(temperature=0.0)] * rows
-    for sampler in (Sampler(), Sampler(kernels=c_kernels_or_skip())):
-        sampled = sampler.sample(logits.clone(), SamplingRows(greedy, [None] * rows))
-        assert torch.equal(sampled.next_ids, torch.argmax(logits, dim=-1)), sampler.kernels
+    sampled = sampler.sample(logits.clone(), SamplingRows(greedy, [None] * rows))
+    assert torch.equal(sampled.next_ids, torch.argmax(logits, dim=-1))

@@ -294,15 +294,16 @@ BF16 static void attend_block(const Head *a, int64_t first, uint16_t *query, flo
 
 // Sum register c's 16 rows x 16 dimensions (rows TILE_ROWS half .., dimensions i + 16 part ..) stored, and
 // divided by each row's total into out[row] + i + 16 part.
-#define SUMS_OUT(c, half, part)                                                                    \
-    do {                                                                                           \
-        _tile_stored(c, sums, 16 * sizeof(float));                                                 \
-        for (int r = 0; r < TILE_ROWS; r++) {                                                      \
-            const int row = (half) * TILE_ROWS + r;                                                \
-            const __m512 inverse = _mm512_set1_ps(1.0f / total[row]);                              \
-            if (out[row] != NULL)                                                                  \
-                _mm512_storeu_ps(out[row] + i + 16 * (part), _mm512_mul_ps(_mm512_load_ps(sums + r * 16), inverse)); \
-        }                                                                                          \
+#define SUMS_OUT(c, half, part)                                                                   \
+    do {                                                                                          \
+        _tile_stored(c, sums, 16 * sizeof(float));                                                \
+        for (int r = 0; r < TILE_ROWS; r++) {                                                     \
+            const int row = (half) * TILE_ROWS + r;                                               \
+            if (out[row] == NULL) continue;                                                       \
+            const __m512 inverse = _mm512_set1_ps(1.0f / total[row]);                             \
+            const __m512 sum = _mm512_load_ps(sums + r * 16);                                     \
+            _mm512_storeu_ps(out[row] + i + 16 * (part), _mm512_mul_ps(sum, inverse));            \
+        }                                                                                         \
     } while (0)
 
 // attend_block's work for BLOCK_ROWS_TILES rows on the tile unit (AMX-BF16), head_dim a multiple of 32. The
@@ -310,8 +311,8 @@ BF16 static void attend_block(const Head *a, int64_t first, uint16_t *query, flo
 // 32-dimension step), as are the packed values (per 16 pairs of keys, each row 16 dimensions x 2). The block's
 // two halves of 16 rows share each key and value tile loaded, half the tiles a block of 16 rows loaded per tile
 // product: the scores of 32 rows x 32 keys sum in four registers, the weighted sums of 32 rows x 32 dimensions
-// too. A row's sums run over the same keys in the same steps of
-// 32 whatever its block: keys past its own weigh 0, and each row of a tile product is its own.
+// too. A row's sums run over the same keys in the same steps of 32 whatever its block: keys past its own weigh
+// 0, and each row of a tile product is its own.
 BF16 static void attend_block_tiles(const Head *a, int64_t first, uint16_t *query, float *scores,
                                     uint16_t *weights, int64_t ld) {
     const int64_t d = a->d;
