@@ -65,7 +65,7 @@ def two_digits_everywhere(model: DecoderForCausalLM) -> Iterator[None]:
         stack.enter_context(mock.patch.object(model, "_fused_decoder", None))
         for w in model.modules():
             if isinstance(w, QuantizedWeight) and w.kernels is not None:
-                stack.enter_context(mock.patch.dict(w.__dict__, {"_c_matmul": w.bind(w.kernels, 2)}))
+                stack.enter_context(mock.patch.dict(w.__dict__, {"c_matmul": w.bind(w.kernels, 2)}))
         yield
 
 

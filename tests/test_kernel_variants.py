@@ -212,6 +212,32 @@ def test_prefill_rows_of_the_amx_build_are_its_bf16_reference(bits: int, n: int,
     assert not torch.equal(split[:4], simd(x[:4]))
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_product_of_gate_up_is_the_product_of_its_activation(kernels: CpuKernels, bits: int) -> None:
+    """``gated``: the product of SwiGLU's activation of gate_up, which the prefill rows' path computes on its
+    way into the tile unit (the amx build) and the others take written out: every row the same bits as the
+    activation written out and then the product, in a new tensor or in ``out``."""
+    n, k, rows = 40, 96, 300
+    g = torch.Generator().manual_seed(bits)
+    weight = (Int4Weight if bits == 4 else Int8Weight).quantize(torch.randn(n, k, generator=g))
+    buffers = (weight.codes, weight.scale, weight.minimum) if bits == 4 else (weight.codes, weight.scale)
+    bind = kernels.int4 if bits == 4 else kernels.int8
+    product, reference = bind(*buffers, n), bind(*buffers, n, reference=True)
+    gate_up = torch.randn(rows, 2 * k, generator=g) * 3
+    act = kernels.silu_and_mul(gate_up)
+    for prefill_rows in (0, 17, rows):
+        expected = product(act, prefill_rows)
+        assert torch.equal(product(gate_up, prefill_rows, gated=True), expected), prefill_rows
+        out = torch.full((rows, n), float("nan"))
+        assert product(gate_up, prefill_rows, out, gated=True) is out
+        assert torch.equal(out, expected), prefill_rows
+    assert torch.equal(reference(gate_up, 17, gated=True), reference(act, 17))
+    with pytest.raises(ValueError, match=r"gate_up must have shape \[\*, 192\]"):
+        product(act, gated=True)
+    with pytest.raises(ValueError, match=r"out must have shape \[300, 40\]"):
+        product(act, 0, torch.empty(rows, n + 1))
+
+
 def test_prefill_rows_take_the_decode_products_without_a_tile_unit(kernels: CpuKernels) -> None:
     weight = Int4Weight.quantize(torch.randn(40, 64, generator=torch.Generator().manual_seed(1)))
     product = kernels.int4(weight.codes, weight.scale, weight.minimum, 40)

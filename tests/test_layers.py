@@ -54,6 +54,31 @@ def test_mlp_in_bands_of_rows_is_the_whole_product(rows: int) -> None:
     torch.testing.assert_close(mlp(x), expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "rows, prefill_rows", [(5, 0), (5, 3), (5, 5), (MLP_BAND_ROWS + 40, MLP_BAND_ROWS + 40), (MLP_BAND_ROWS + 40, 7)]
+)
+def test_quantized_mlp_bands_are_their_written_out_activations_products(rows: int, prefill_rows: int) -> None:
+    """With the C kernels a band's down projection takes gate_up itself (the prefill rows' SwiGLU computed on
+    their way into the tile unit, where the build has one) and writes into the pass's output: the bits of
+    the activation written out and the product, band by band."""
+    kernels = resolve_kernels("auto")
+    if kernels is None:
+        pytest.skip("no C kernels on this host")
+    g = torch.Generator().manual_seed(rows + prefill_rows)
+    mlp = GatedMLP(64, 96, None, (0, 96))
+    for proj in (mlp.gate_up_proj, mlp.down_proj):
+        assert proj.weight is not None
+        proj.quantize(Int4Weight.quantize(torch.randn(proj.weight.shape, generator=g)))
+        assert proj.quantized is not None
+        proj.quantized.kernels = kernels
+    x = torch.randn(rows, 64, generator=g)
+    bands = []
+    for start in range(0, rows, MLP_BAND_ROWS):
+        band, prefill = x[start : start + MLP_BAND_ROWS], min(max(prefill_rows - start, 0), MLP_BAND_ROWS)
+        bands.append(mlp.down_proj(kernels.silu_and_mul(mlp.gate_up_proj(band, prefill)), prefill))
+    assert torch.equal(mlp(x, prefill_rows), torch.cat(bands))
+
+
 def test_quantized_mlp_takes_the_kernels_swiglu_and_a_dense_one_torchs() -> None:
     """Dense fp32 layers keep torch's SiLU bit for bit (the token-exact mode); quantized ones run the
     fused decode step's, so that a layer-by-layer pass computes what the one-call step does."""

@@ -322,20 +322,29 @@ def test_every_layer_product_knows_the_prefill_rows_of_its_pass(monkeypatch: pyt
     sampled ones, all on the decode products."""
     llm = LLM(num_page_override=2048, max_prefill_tokens=16, speculative_algorithm="none")
     engine, head = llm.scheduler.engine, llm.scheduler.engine.model.lm_head.quantized
-    run_model, forward = engine.run_model, QuantizedWeight.forward
+    run_model, forward, forward_gated = engine.run_model, QuantizedWeight.forward, QuantizedWeight.forward_gated
     passes: list[tuple[int, int, list[int]]] = []  # (rows, prefill tokens, the layer products' prefill rows)
 
     def recording(batch: Batch) -> torch.Tensor:
         passes.append((batch.input_ids.numel(), batch.prefill_tokens, []))
         return run_model(batch)
 
-    def spy(self: QuantizedWeight, x: torch.Tensor, prefill_rows: int = 0) -> torch.Tensor:
+    def spy(
+        self: QuantizedWeight, x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self is not head:
             passes[-1][2].append(prefill_rows)
-        return forward(self, x, prefill_rows)
+        return forward(self, x, prefill_rows, out)
+
+    def gated_spy(
+        self: QuantizedWeight, x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        passes[-1][2].append(prefill_rows)
+        return forward_gated(self, x, prefill_rows, out)
 
     monkeypatch.setattr(engine, "run_model", recording)
     monkeypatch.setattr(QuantizedWeight, "forward", spy)
+    monkeypatch.setattr(QuantizedWeight, "forward_gated", gated_spy)
     llm.generate([list(range(100, 106)), list(range(200, 240))], SamplingParams(max_tokens=4, ignore_eos=True))
     llm.shutdown()
     layers = len(engine.model.model.layers)

@@ -55,9 +55,14 @@ HEADER = SOURCE_DIR / "kernels.h"
 class Matmul(Protocol):
     """A quantized weight's product: x [rows, K] fp32 → [rows, N] fp32, x rounded to the int8 digits the
     product was bound with (quant_gemm.c); where the library has a tile unit's path for prefill tokens
-    (``CpuKernels.bf16_prefill``), the first ``prefill_rows`` rows take it instead (bf16_gemm.c)."""
+    (``CpuKernels.bf16_prefill``), the first ``prefill_rows`` rows take it instead (bf16_gemm.c). The
+    product is written into ``out`` where given (a contiguous fp32 [rows, N]), else into a new tensor. With
+    ``gated``, x is SwiGLU's gate_up [rows, 2K] and the product is of its activation, silu(gate) * up
+    (``CpuKernels.silu_and_mul``'s bits), which the prefill rows' path computes on its way into the tiles."""
 
-    def __call__(self, x: torch.Tensor, prefill_rows: int = 0) -> torch.Tensor: ...
+    def __call__(
+        self, x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None, gated: bool = False
+    ) -> torch.Tensor: ...
 
 
 def resolve_kernels(choice: str, flags: frozenset[str] | None = None) -> CpuKernels | None:
@@ -374,23 +379,31 @@ class CpuKernels:
             raise ValueError(f"digits must be 1 or 2, got {digits}")
         suffix = "_ref" if reference else ""
         run, prefill, cast = getattr(self.lib, name + suffix), getattr(self.lib, f"{name}_bf16{suffix}"), self.ffi.cast
+        prefill_gated = getattr(self.lib, f"{name}_bf16_swiglu")
         bf16_prefill = self.bf16_prefill
 
         def call(function: Any, what: str, *args: Any) -> None:
             self.raise_for(what, function(*args) if reference else function(*args, torch.get_num_threads()))
 
-        def matmul(x: torch.Tensor, prefill_rows: int = 0, keep: tuple[torch.Tensor, ...] = keep) -> torch.Tensor:
-            _check("x", x, (torch.float32,), (None, k))
+        def matmul(
+            x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None, gated: bool = False,
+            keep: tuple[torch.Tensor, ...] = keep,
+        ) -> torch.Tensor:  # fmt: skip
+            _check("gate_up" if gated else "x", x, (torch.float32,), (None, 2 * k if gated else k))
             rows = x.shape[0]
             if not 0 <= prefill_rows <= rows:
                 raise ValueError(f"prefill_rows must be within 0..{rows} (x's rows), got {prefill_rows}")
-            y = torch.empty(rows, n)
+            y = torch.empty(rows, n) if out is None else _check("out", out, (torch.float32,), (rows, n))
             split = prefill_rows if bf16_prefill else 0
-            x_at, y_at = x.data_ptr(), y.data_ptr()
+            if gated and (reference or not split):  # no product takes gate_up: the activation written out
+                x, gated = self.silu_and_mul(x), False
+            y_at = y.data_ptr()
             if split:
-                call(prefill, f"{name}_bf16", cast("float *", x_at), split, k, *weight, n, cast("float *", y_at))
+                function, what = (prefill_gated, f"{name}_bf16_swiglu") if gated else (prefill, f"{name}_bf16")
+                call(function, what, cast("float *", x.data_ptr()), split, k, *weight, n, cast("float *", y_at))
             if rows > split:
-                x_rest, y_rest = cast("float *", x_at + 4 * split * k), cast("float *", y_at + 4 * split * n)
+                rest = self.silu_and_mul(x[split:]) if gated else x[split:]  # decode rows take it written out
+                x_rest, y_rest = cast("float *", rest.data_ptr()), cast("float *", y_at + 4 * split * n)
                 call(run, name, x_rest, digits, rows - split, k, *weight, n, y_rest)
             return y
 

@@ -103,10 +103,15 @@ class Linear(nn.Module):
         self.quantized = weight
         self.weight = None
 
-    def forward(self, x: torch.Tensor, prefill_rows: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
         """x W^T (+ bias); the first ``prefill_rows`` rows of x are prefill tokens (``Batch.prefill_tokens``),
-        which a quantized weight may run on their own path."""
-        p = self.partition
+        which a quantized weight may run on their own path. Written into ``out`` where given (x's shape but
+        the last dimension): in place by a quantized weight's C kernels, copied there otherwise."""
+        q, p = self.quantized, self.partition
+        if out is not None:
+            if q is not None and p is None and self.bias is None:
+                return q.forward(x, prefill_rows, out)
+            return out.copy_(self.forward(x, prefill_rows))
         if p is None or p.kind == "column":
             return self._matmul(x, self.bias, prefill_rows)
         y = self._matmul(x, None, prefill_rows)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 from torch import nn
 
 from minisgl.layers.activation import gated_activation
 from minisgl.layers.linear import Linear, RankGroup, column, row
+from minisgl.layers.quant import QuantizedWeight
 from minisgl.tuning import MLP_BAND_ROWS
 
 
@@ -41,11 +44,26 @@ class GatedMLP(nn.Module):
         out = x.new_empty(len(x), self.down_proj.shape[0])
         for start in range(0, len(x), MLP_BAND_ROWS):
             band = x[start : start + MLP_BAND_ROWS]
-            out[start : start + len(band)] = self._band(band, min(max(prefill_rows - start, 0), len(band)))
+            self._band(band, min(max(prefill_rows - start, 0), len(band)), out[start : start + len(band)])
         return out
 
-    def _band(self, x: torch.Tensor, prefill_rows: int) -> torch.Tensor:
-        return self.down_proj(self._act_and_mul(self.gate_up_proj(x, prefill_rows)), prefill_rows)
+    def _band(self, x: torch.Tensor, prefill_rows: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x, prefill_rows)
+        if self._gated_down is not None and gate_up.dtype == torch.float32:
+            return self._gated_down.forward_gated(gate_up, prefill_rows, out)
+        return self.down_proj(self._act_and_mul(gate_up), prefill_rows, out)
+
+    @cached_property
+    def _gated_down(self) -> QuantizedWeight | None:
+        """The down projection's weight where it takes gate_up itself (``QuantizedWeight.forward_gated``):
+        the C kernels run both projections, SwiGLU is the activation and the down projection is one rank's
+        whole weight without a bias. The same bits as ``_act_and_mul``'s activation and then the product."""
+        gate_up, down = self.gate_up_proj.quantized, self.down_proj.quantized
+        if gate_up is None or gate_up.kernels is None or down is None or down.c_matmul is None:
+            return None
+        if self.activation != "silu" or self.down_proj.partition is not None or self.down_proj.bias is not None:
+            return None
+        return down
 
     def _act_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """Quantized weights with the C kernels take their SwiGLU from the kernels too (the fused decode

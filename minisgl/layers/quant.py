@@ -74,24 +74,39 @@ class QuantizedWeight(nn.Module):
     # rounding, half the dot products of two) but in the LM head's (``DecoderForCausalLM.use_kernels``).
     digits: int = 1
 
-    def forward(self, x: torch.Tensor, prefill_rows: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
         """On the CPU: the C kernels at every row count, x rounded to ``digits`` int8 digits per group of
         32, but for the first ``prefill_rows`` rows (prefill tokens) where the kernels have a tile unit's
         path for them (bf16 products: ``CpuKernels.int4``); without the C kernels torch's kernels for at
-        most ``max_kernel_rows`` rows, bf16 GEMM on the expanded weight beyond."""
+        most ``max_kernel_rows`` rows, bf16 GEMM on the expanded weight beyond. Written into ``out``
+        where given (x's shape but the last dimension, x's dtype)."""
         rows = x.reshape(-1, self.in_features)
-        if self._c_matmul is not None:
-            y = self._c_matmul(rows.float().contiguous(), prefill_rows)
+        if self.c_matmul is not None and out is not None and x.dtype == out.dtype == torch.float32 and x.dim() == 2:
+            return self.c_matmul(rows.contiguous(), prefill_rows, out)  # the C kernels write it in place
+        if self.c_matmul is not None:
+            y = self.c_matmul(rows.float().contiguous(), prefill_rows)
         elif rows.shape[0] <= self.max_kernel_rows:
             y = self.kernel(rows)
         else:
             y = self.many_rows(rows)
+        if out is not None:
+            return out.copy_(y.view(out.shape))
         if y.dtype == x.dtype and x.dim() == 2:  # the decode step's case: nothing to reshape or cast
             return y
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
+    def forward_gated(
+        self, gate_up: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The product of SwiGLU's activation of fp32 ``gate_up`` [rows, 2 in] (each row's gate, then its up;
+        ``CpuKernels.silu_and_mul``'s bits) through the C kernels, the prefill rows' activation computed on its
+        way into the tile unit, never written out (``Matmul``'s ``gated``); into ``out`` where given."""
+        if self.c_matmul is None:
+            raise ValueError(f"{type(self).__name__}.forward_gated needs the C kernels")
+        return self.c_matmul(gate_up, prefill_rows, out, gated=True)
+
     @cached_property
-    def _c_matmul(self) -> Matmul | None:
+    def c_matmul(self) -> Matmul | None:
         """The C kernels' product, [rows, in] fp32 → [rows, out] fp32; None without them."""
         return None if self.kernels is None else self.bind(self.kernels, self.digits)
 
@@ -387,8 +402,12 @@ class Int8Weight(QuantizedWeight):
         if pad == 0:
             return matmul
 
-        def padded(x: torch.Tensor, prefill_rows: int = 0) -> torch.Tensor:
-            return matmul(F.pad(x, (0, pad)), prefill_rows)  # the kernel reads whole groups
+        def padded(
+            x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None, gated: bool = False
+        ) -> torch.Tensor:
+            if gated:
+                x = kernels.silu_and_mul(x)
+            return matmul(F.pad(x, (0, pad)), prefill_rows, out)  # the kernel reads whole groups
 
         return padded
 

@@ -18,11 +18,7 @@ void silu_mul(const float *gate_up, int64_t rows, int64_t n, float *act, int thr
         float *to = act + r * n;
         int64_t i = 0;
 #if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
-        for (; i + WIDTH <= n; i += WIDTH) {
-            const VecF g = vec_load(gate + i);
-            const VecF silu = vec_div(g, vec_add(vec_set1(1.0f), vec_exp(vec_sub(vec_zero(), g))));
-            vec_store(to + i, vec_mul(silu, vec_load(up + i)));
-        }
+        for (; i + WIDTH <= n; i += WIDTH) vec_store(to + i, vec_silu_mul(vec_load(gate + i), vec_load(up + i)));
 #endif
         for (; i < n; i++) to[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
     }

@@ -6,7 +6,9 @@
 // time, where here the sums stay in the tile registers. The engine runs the prefill rows here and every
 // decode row in quant_gemm.c, so each row's arithmetic is fixed by what it is, never by what shares its
 // pass; a row's sums are in the same order whatever the other rows (each output is its own chain of tile
-// products).
+// products). The `_swiglu` entry points take an MLP's gate_up instead of x and round SwiGLU's activation
+// of it (activation.c's arithmetic: simd.h's vec_silu_mul) as they lay x out for the tiles, so that the
+// down projection of a prefill pass never writes its input out and reads it back.
 //
 // Blocking: the rows of x in chunks (CHUNK_ROWS), each against the whole weight; per chunk, K in spans
 // whose x (the chunk's rows, bf16) stays in L2; per span, each thread takes its pairs of the weight's tiles
@@ -203,13 +205,15 @@ static void block_store(float *y, int64_t rows, int64_t N, int64_t r0, int64_t o
     copy_block(y + r0 * N + o0, N, edge, 2 * TILE, min64(2 * BLOCK, rows - r0), min64(2 * TILE, N - o0));
 }
 
-// A chunk of rows of x against the whole weight, y [rows, N].
-static int chunk_bf16(int bits, const float *x, int64_t rows, int64_t K, const void *codes, const void *scale,
-                      const uint16_t *minimum, int64_t N, float *y, int threads) {
+// A chunk of rows of x against the whole weight, y [rows, N]; with `gated`, x is SwiGLU's gate_up
+// [rows, 2K] and the product takes silu(gate) * up.
+static int chunk_bf16(int bits, const float *x, int gated, int64_t rows, int64_t K, const void *codes,
+                      const void *scale, const uint16_t *minimum, int64_t N, float *y, int threads) {
     const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE, pairs = (tiles + 1) / 2;
     const int64_t padded = (rows + 2 * BLOCK - 1) / (2 * BLOCK) * (2 * BLOCK);
     // x in bf16 as the tile registers take it: per block of 16 rows and group, 16 rows of 32 columns
     // (1 KB, one load); the rows past `rows` zeros.
+    const int64_t x_stride = gated ? 2 * K : K;
     static _Thread_local Scratch x_scratch;
     uint16_t *xb = scratch_reserve(&x_scratch, sizeof(uint16_t) * (size_t)(padded * K));
     if (xb == NULL) return KERNELS_NO_MEMORY;
@@ -218,7 +222,9 @@ static int chunk_bf16(int bits, const float *x, int64_t rows, int64_t K, const v
         for (int64_t g = 0; g < groups; g++) {
             uint16_t *out = xb + ((r / BLOCK * groups + g) * BLOCK + r % BLOCK) * GROUP;
             for (int half = 0; half < 2; half++) {
-                const __m512 v = r < rows ? _mm512_loadu_ps(x + r * K + g * GROUP + half * 16) : _mm512_setzero_ps();
+                const float *at = x + r * x_stride + g * GROUP + half * 16;
+                __m512 v = _mm512_setzero_ps();
+                if (r < rows) v = gated ? vec_silu_mul(_mm512_loadu_ps(at), _mm512_loadu_ps(at + K)) : _mm512_loadu_ps(at);
                 _mm256_store_si256((__m256i *)(out + half * 16), (__m256i)_mm512_cvtneps_pbh(v));
             }
         }
@@ -283,14 +289,14 @@ static int chunk_bf16(int bits, const float *x, int64_t rows, int64_t K, const v
     return failed ? KERNELS_NO_MEMORY : KERNELS_OK;
 }
 
-static int gemm_bf16(int bits, const float *x, int64_t rows, int64_t K, const void *codes, const void *scale,
-                     const uint16_t *minimum, int64_t N, float *y, int threads) {
+static int gemm_bf16(int bits, const float *x, int gated, int64_t rows, int64_t K, const void *codes,
+                     const void *scale, const uint16_t *minimum, int64_t N, float *y, int threads) {
     if (K % GROUP) return KERNELS_BAD_SHAPE;
     const int64_t whole_k = SPAN_X_BYTES / (K * (int64_t)sizeof(uint16_t)) / (2 * BLOCK) * (2 * BLOCK);
     const int64_t chunk = max64(CHUNK_ROWS, whole_k);
     for (int64_t r = 0; r < rows; r += chunk) {
-        const int failed = chunk_bf16(bits, x + r * K, min64(chunk, rows - r), K, codes, scale, minimum, N,
-                                      y + r * N, threads);
+        const int failed = chunk_bf16(bits, x + r * (gated ? 2 * K : K), gated, min64(chunk, rows - r), K, codes,
+                                      scale, minimum, N, y + r * N, threads);
         if (failed) return failed;
     }
     return KERNELS_OK;
@@ -298,12 +304,22 @@ static int gemm_bf16(int bits, const float *x, int64_t rows, int64_t K, const vo
 
 int int4_gemm_bf16(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
                    const uint16_t *minimum, int64_t N, float *y, int threads) {
-    return gemm_bf16(4, x, rows, K, codes, scale, minimum, N, y, threads);
+    return gemm_bf16(4, x, 0, rows, K, codes, scale, minimum, N, y, threads);
 }
 
 int int8_gemm_bf16(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
                    float *y, int threads) {
-    return gemm_bf16(8, x, rows, K, codes, scale, NULL, N, y, threads);
+    return gemm_bf16(8, x, 0, rows, K, codes, scale, NULL, N, y, threads);
+}
+
+int int4_gemm_bf16_swiglu(const float *gate_up, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+                          const uint16_t *minimum, int64_t N, float *y, int threads) {
+    return gemm_bf16(4, gate_up, 1, rows, K, codes, scale, minimum, N, y, threads);
+}
+
+int int8_gemm_bf16_swiglu(const float *gate_up, int64_t rows, int64_t K, const int8_t *codes, const float *scale,
+                          int64_t N, float *y, int threads) {
+    return gemm_bf16(8, gate_up, 1, rows, K, codes, scale, NULL, N, y, threads);
 }
 
 #else  // no tile unit: the engine never calls these here
@@ -318,6 +334,16 @@ int int8_gemm_bf16(const float *x, int64_t rows, int64_t K, const int8_t *codes,
                    float *y, int threads) {
     (void)x, (void)rows, (void)K, (void)codes, (void)scale, (void)N, (void)y, (void)threads;
     return KERNELS_NO_INSTRUCTIONS;
+}
+
+int int4_gemm_bf16_swiglu(const float *gate_up, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+                          const uint16_t *minimum, int64_t N, float *y, int threads) {
+    return int4_gemm_bf16(gate_up, rows, K, codes, scale, minimum, N, y, threads);
+}
+
+int int8_gemm_bf16_swiglu(const float *gate_up, int64_t rows, int64_t K, const int8_t *codes, const float *scale,
+                          int64_t N, float *y, int threads) {
+    return int8_gemm_bf16(gate_up, rows, K, codes, scale, N, y, threads);
 }
 
 #endif

@@ -97,6 +97,12 @@ int int8_gemm_bf16(const float *x, int64_t rows, int64_t K, const int8_t *codes,
                    float *y, int threads);
 int int8_gemm_bf16_ref(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
                        float *y);
+// The same products of SwiGLU's activation: x = silu(gate) * up (silu_mul's arithmetic) of gate_up [rows, 2K],
+// each row's gate and then its up, rounded to bf16 on its way into the tiles, never written out.
+int int4_gemm_bf16_swiglu(const float *gate_up, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+                          const uint16_t *minimum, int64_t N, float *y, int threads);
+int int8_gemm_bf16_swiglu(const float *gate_up, int64_t rows, int64_t K, const int8_t *codes, const float *scale,
+                          int64_t N, float *y, int threads);
 
 // The slots and lengths are checked against `slots` (the pool's) and `stride` before anything is written.
 int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,

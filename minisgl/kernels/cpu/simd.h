@@ -246,6 +246,12 @@ static inline VecF vec_exp(VecF x) {
     return vec_times_pow2(y, n);
 }
 
+// SwiGLU's activation of WIDTH columns, silu(gate) * up: silu_mul's arithmetic (activation.c), and the
+// tile unit's products that take it on the way in (bf16_gemm.c), element by element the same bits.
+static inline VecF vec_silu_mul(VecF gate, VecF up) {
+    return vec_mul(vec_div(gate, vec_add(vec_set1(1.0f), vec_exp(vec_sub(vec_zero(), gate)))), up);
+}
+
 // The sums of four vectors, in that order: each pair's lanes interleaved and added, then the pairs'
 // halves, then the 128-bit lanes (fewer shuffles than four reductions).
 static inline __m128 sum4(VecF a, VecF b, VecF c, VecF d) {
