@@ -54,6 +54,28 @@ def test_mlp_in_bands_of_rows_is_the_whole_product(rows: int) -> None:
     torch.testing.assert_close(mlp(x), expected, rtol=1e-4, atol=1e-4)
 
 
+def test_a_product_written_into_out_is_the_product() -> None:
+    """``Linear``'s ``out``: dense, quantized on torch's kernels and on the C kernels, into a contiguous
+    tensor (in place with the C kernels) and into a strided one (copied there)."""
+    g = torch.Generator().manual_seed(3)
+    layer, x = Linear(64, 48), torch.randn(5, 64, generator=g)
+    layer.weight.data.normal_(generator=g)
+    kernels = resolve_kernels("auto")
+    for step in ("dense", "torch", "c"):
+        if step == "torch":
+            assert layer.weight is not None
+            layer.quantize(Int4Weight.quantize(layer.weight.detach()))
+        if step == "c":
+            if kernels is None:
+                break
+            assert layer.quantized is not None
+            layer.quantized.kernels = kernels
+        expected = layer(x, 2)
+        out, wide = torch.full((5, 48), float("nan")), torch.full((5, 64), float("nan"))
+        assert layer(x, 2, out) is out and torch.equal(out, expected), step
+        assert torch.equal(layer(x, 2, wide[:, :48]), expected) and wide[:, 48:].isnan().all(), step
+
+
 @pytest.mark.parametrize(
     "rows, prefill_rows", [(5, 0), (5, 3), (5, 5), (MLP_BAND_ROWS + 40, MLP_BAND_ROWS + 40), (MLP_BAND_ROWS + 40, 7)]
 )

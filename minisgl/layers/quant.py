@@ -79,11 +79,12 @@ class QuantizedWeight(nn.Module):
         32, but for the first ``prefill_rows`` rows (prefill tokens) where the kernels have a tile unit's
         path for them (bf16 products: ``CpuKernels.int4``); without the C kernels torch's kernels for at
         most ``max_kernel_rows`` rows, bf16 GEMM on the expanded weight beyond. Written into ``out``
-        where given (x's shape but the last dimension, x's dtype)."""
+        where given (x's shape but the last dimension): in place by the C kernels where it is a contiguous
+        fp32 [rows, out], copied there otherwise."""
         rows = x.reshape(-1, self.in_features)
-        if self.c_matmul is not None and out is not None and x.dtype == out.dtype == torch.float32 and x.dim() == 2:
-            return self.c_matmul(rows.contiguous(), prefill_rows, out)  # the C kernels write it in place
         if self.c_matmul is not None:
+            if out is not None and out.dtype == torch.float32 and out.dim() == 2 and out.is_contiguous():
+                return self.c_matmul(rows.float().contiguous(), prefill_rows, out)  # written in place
             y = self.c_matmul(rows.float().contiguous(), prefill_rows)
         elif rows.shape[0] <= self.max_kernel_rows:
             y = self.kernel(rows)
