@@ -31,7 +31,7 @@ from minisgl.kernels.native import CpuKernels, load_sources, load_variant, resol
 from minisgl.kernels.variants import KERNEL_CHOICES
 from minisgl.layers.linear import Linear, pack_weights
 from minisgl.layers.quant import DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
-from minisgl.tuning import DEQUANT_BUFFER_ELEMENTS, MLP_BAND_ROWS
+from minisgl.tuning import DEQUANT_BUFFER_ELEMENTS, mlp_band_rows
 
 # (name, out, in): the fused projections of a layer, and the LM head.
 SHAPES = {
@@ -40,13 +40,13 @@ SHAPES = {
 }
 
 
-# The layers' products at the row counts a prefill pass gives them (name, out, in, rows): the MLP's in bands
-# of MLP_BAND_ROWS, the attention's up to a pass's tokens (2,048 at 135M, 1,024 at 1.7B). For A/B runs of two
+# The layers' products at the row counts a prefill pass gives them (name, out, in, rows): the MLP's in its
+# bands (``mlp_band_rows``), the attention's up to a pass's tokens (2,048 at 135M, 1,024 at 1.7B). For A/B runs of two
 # builds or two commits' kernels (docs/benchmarks/session29-spr/tile_ab.py, session30-spr/kernel_ab.py).
 PREFILL_PRODUCTS = [
-    ("135M qkv", 960, 576, 2048), ("135M o", 576, 576, 2048), ("135M gate_up", 3072, 576, MLP_BAND_ROWS),
-    ("135M down", 576, 1536, MLP_BAND_ROWS), ("1.7B qkv", 6144, 2048, 1024), ("1.7B o", 2048, 2048, 1024),
-    ("1.7B gate_up", 16384, 2048, MLP_BAND_ROWS), ("1.7B down", 2048, 8192, MLP_BAND_ROWS),
+    ("135M qkv", 960, 576, 2048), ("135M o", 576, 576, 2048), ("135M gate_up", 3072, 576, mlp_band_rows(1536)),
+    ("135M down", 576, 1536, mlp_band_rows(1536)), ("1.7B qkv", 6144, 2048, 1024), ("1.7B o", 2048, 2048, 1024),
+    ("1.7B gate_up", 16384, 2048, mlp_band_rows(8192)), ("1.7B down", 2048, 8192, mlp_band_rows(8192)),
 ]  # fmt: skip
 
 

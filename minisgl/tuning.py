@@ -21,10 +21,20 @@ DEQUANT_BUFFER_ELEMENTS = 1 << 25
 
 # -- the MLP (``layers/mlp.py``) ----------------------------------------------------------------------
 # Rows of a pass an MLP computes at a time: a prefill pass of MAX_PREFILL_TOKENS rows would otherwise hold
-# 3 x intermediate fp32 activations per row at once, the largest temporaries of a 1-8B model's pass.
-# Prefill speed and the memory a long prompt adds: ``python -m benchmarks.prefill_speed`` (its "peak over
-# loaded" column).
+# its gate/up activations (2 x intermediate fp32 per row, and SwiGLU's where it is written out) at once, the
+# largest temporaries of a 1-8B model's pass. At least MLP_BAND_ROWS; a narrow MLP takes more, while a band's
+# gate/up stays within MLP_BAND_BYTES (fewer passes over its weights): bands of 256 against 512 rows at 135M
+# and 1.7B, ``docs/benchmarks/session36-spr/band_rows_ab.py``. Prefill speed and the memory a long prompt
+# adds: ``python -m benchmarks.prefill_speed`` (its "peak over loaded" column).
 MLP_BAND_ROWS = 256
+MLP_BAND_BYTES = 6 << 20
+
+
+def mlp_band_rows(intermediate: int) -> int:
+    """The rows of a band of an MLP whose intermediate size (this rank's part) is ``intermediate``: the
+    most whole blocks of 32 rows whose gate/up activations fit MLP_BAND_BYTES, at least MLP_BAND_ROWS."""
+    return max(MLP_BAND_ROWS, MLP_BAND_BYTES // (2 * 4 * intermediate) // 32 * 32)
+
 
 # -- the single-call decode step (``models/decoder.py``, ``kernels/cpu/decode_layer.c``) -----------
 # Most requests one fused decode step takes. Its products are the same C kernels as the

@@ -15,7 +15,7 @@ from minisgl.layers.mlp import GatedMLP
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.quant import Int4Weight
 from minisgl.layers.rotary import RotaryEmbedding, apply_rotary
-from minisgl.tuning import MLP_BAND_ROWS
+from minisgl.tuning import MLP_BAND_BYTES, MLP_BAND_ROWS, mlp_band_rows
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
@@ -40,11 +40,19 @@ def test_packed_linear_matches_plain(rows: int, with_bias: bool, dtype: torch.dt
     torch.testing.assert_close(linear(x, plain, layer.bias), expected)  # an unpacked weight takes F.linear
 
 
-@pytest.mark.parametrize("rows", [1, MLP_BAND_ROWS, MLP_BAND_ROWS + 1, 3 * MLP_BAND_ROWS - 5])
-def test_mlp_in_bands_of_rows_is_the_whole_product(rows: int) -> None:
+@pytest.mark.parametrize("intermediate", [96, 1536, 8192, 14336])
+def test_an_mlp_band_is_whole_blocks_of_rows_within_the_bytes_of_its_activations(intermediate: int) -> None:
+    rows = GatedMLP(64, intermediate, None, (0, intermediate)).band_rows
+    assert rows == mlp_band_rows(intermediate) and rows % 32 == 0 and rows >= MLP_BAND_ROWS
+    assert rows == MLP_BAND_ROWS or 2 * 4 * intermediate * rows <= MLP_BAND_BYTES < 2 * 4 * intermediate * (rows + 32)
+
+
+@pytest.mark.parametrize("bands", [1 / 256, 1, 1 + 1 / 256, 3 - 5 / 256])
+def test_mlp_in_bands_of_rows_is_the_whole_product(bands: float) -> None:
     """A long pass's MLP runs a band of rows at a time: the rows come out as from one call."""
-    g = torch.Generator().manual_seed(rows)
     mlp = GatedMLP(64, 96, None, (0, 96))
+    rows = round(bands * mlp.band_rows)
+    g = torch.Generator().manual_seed(rows)
     for p in mlp.parameters():
         p.data.normal_(generator=g)
     x = torch.randn(rows, 64, generator=g)
@@ -76,9 +84,7 @@ def test_a_product_written_into_out_is_the_product() -> None:
         assert torch.equal(layer(x, 2, wide[:, :48]), expected) and wide[:, 48:].isnan().all(), step
 
 
-@pytest.mark.parametrize(
-    "rows, prefill_rows", [(5, 0), (5, 3), (5, 5), (MLP_BAND_ROWS + 40, MLP_BAND_ROWS + 40), (MLP_BAND_ROWS + 40, 7)]
-)
+@pytest.mark.parametrize("rows, prefill_rows", [(5, 0), (5, 3), (5, 5), (-40, -40), (-40, 7)])
 def test_quantized_mlp_bands_are_their_written_out_activations_products(rows: int, prefill_rows: int) -> None:
     """With the C kernels a band's down projection takes gate_up itself (the prefill rows' SwiGLU computed on
     their way into the tile unit, where the build has one) and writes into the pass's output: the bits of
@@ -88,6 +94,7 @@ def test_quantized_mlp_bands_are_their_written_out_activations_products(rows: in
         pytest.skip("no C kernels on this host")
     g = torch.Generator().manual_seed(rows + prefill_rows)
     mlp = GatedMLP(64, 96, None, (0, 96))
+    rows, prefill_rows = (mlp.band_rows - n if n < 0 else n for n in (rows, prefill_rows))  # -40: a band and 40
     for proj in (mlp.gate_up_proj, mlp.down_proj):
         assert proj.weight is not None
         proj.quantize(Int4Weight.quantize(torch.randn(proj.weight.shape, generator=g)))
@@ -95,8 +102,8 @@ def test_quantized_mlp_bands_are_their_written_out_activations_products(rows: in
         proj.quantized.kernels = kernels
     x = torch.randn(rows, 64, generator=g)
     bands = []
-    for start in range(0, rows, MLP_BAND_ROWS):
-        band, prefill = x[start : start + MLP_BAND_ROWS], min(max(prefill_rows - start, 0), MLP_BAND_ROWS)
+    for start in range(0, rows, mlp.band_rows):
+        band, prefill = x[start : start + mlp.band_rows], min(max(prefill_rows - start, 0), mlp.band_rows)
         bands.append(mlp.down_proj(kernels.silu_and_mul(mlp.gate_up_proj(band, prefill)), prefill))
     assert torch.equal(mlp(x, prefill_rows), torch.cat(bands))
 

@@ -10,7 +10,7 @@ from torch import nn
 from minisgl.layers.activation import gated_activation
 from minisgl.layers.linear import Linear, RankGroup, column, row
 from minisgl.layers.quant import QuantizedWeight
-from minisgl.tuning import MLP_BAND_ROWS
+from minisgl.tuning import mlp_band_rows
 
 
 class GatedMLP(nn.Module):
@@ -34,16 +34,18 @@ class GatedMLP(nn.Module):
         self.act_and_mul = gated_activation(activation)
         self.gate_up_proj = Linear(hidden, 2 * intermediate, partition=column(tp, part, part))
         self.down_proj = Linear(intermediate, hidden, partition=row(tp, part, reduce))
+        self.band_rows = mlp_band_rows(part[1] - part[0])  # rows of a long pass computed at a time
 
     def forward(self, x: torch.Tensor, prefill_rows: int = 0) -> torch.Tensor:
         """The first ``prefill_rows`` rows are prefill tokens (``Batch.prefill_tokens``)."""
-        if len(x) <= MLP_BAND_ROWS:
+        if len(x) <= self.band_rows:
             return self._band(x, prefill_rows)
-        # A long prefill pass a band of rows at a time: its intermediate activations (3 x intermediate
-        # per row) would otherwise be the engine's largest temporaries.
+        # A long prefill pass a band of rows at a time: its intermediate activations (gate_up, 2 x
+        # intermediate per row, and SwiGLU's where it is written out) would otherwise be the engine's largest
+        # temporaries.
         out = x.new_empty(len(x), self.down_proj.shape[0])
-        for start in range(0, len(x), MLP_BAND_ROWS):
-            band = x[start : start + MLP_BAND_ROWS]
+        for start in range(0, len(x), self.band_rows):
+            band = x[start : start + self.band_rows]
             self._band(band, min(max(prefill_rows - start, 0), len(band)), out[start : start + len(band)])
         return out
 
