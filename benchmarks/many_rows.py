@@ -41,8 +41,8 @@ SHAPES = {
 
 
 # The layers' products at the row counts a prefill pass gives them (name, out, in, rows): the MLP's in its
-# bands (``mlp_band_rows``), the attention's up to a pass's tokens (2,048 at 135M, 1,024 at 1.7B). For A/B runs of two
-# builds or two commits' kernels (docs/benchmarks/session29-spr/tile_ab.py, session30-spr/kernel_ab.py).
+# bands (``mlp_band_rows``), the attention's up to a pass's tokens (2,048 at 135M, 1,024 at 1.7B). For A/B
+# runs of two builds or two commits' kernels (docs/benchmarks/session29-spr/tile_ab.py, session30-spr/kernel_ab.py).
 PREFILL_PRODUCTS = [
     ("135M qkv", 960, 576, 2048), ("135M o", 576, 576, 2048), ("135M gate_up", 3072, 576, mlp_band_rows(1536)),
     ("135M down", 576, 1536, mlp_band_rows(1536)), ("1.7B qkv", 6144, 2048, 1024), ("1.7B o", 2048, 2048, 1024),

@@ -9,21 +9,16 @@ The earlier commit runs from a git worktree of its own.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+from benchmarks.trees import ROOT, commit_tree, run_in
 
 
 def run(tree: Path, models: list[str], repeats: int) -> str:
     command = [sys.executable, "-m", "benchmarks.prefill_speed", "--models", *models, "--modes", "auto/float32",
                "--repeats", str(repeats)]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=True)
-    return done.stdout.strip()  # the machine, the load average and the table, as prefill_speed prints them
+    return run_in(tree, command)  # the machine, the load average and the table, as prefill_speed prints them
 
 
 def main() -> None:
@@ -33,16 +28,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True,
-                       capture_output=True)  # fmt: skip
-        try:
-            for r in range(args.rounds):
-                for name, tree in (("base " + args.base, base), ("working tree", ROOT)):
-                    print(f"## round {r + 1}: {name}\n{run(tree, args.models, args.repeats)}", flush=True)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=True)
+    with commit_tree(args.base) as base:
+        for r in range(args.rounds):
+            for name, tree in (("base " + args.base, base), ("working tree", ROOT)):
+                print(f"## round {r + 1}: {name}\n{run(tree, args.models, args.repeats)}", flush=True)
 
 
 if __name__ == "__main__":

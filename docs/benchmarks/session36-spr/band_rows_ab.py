@@ -1,7 +1,8 @@
 """Session 36: the MLP's band of a prefill pass, 256 rows against 512, in one process, alternating (every
 ``GatedMLP``'s ``band_rows`` set before each run; a row's arithmetic does not depend on its band, so the
-outputs are the same bits; the engine's own choice is ``minisgl.tuning.mlp_band_rows``). Per model: ``--rounds`` bursts of 16 random 256-token prompts,
-one token out, and ``--rounds`` 2,000-token prompts, the cache flushed before each; the first round warms up.
+outputs are the same bits; the engine's own choice is ``minisgl.tuning.mlp_band_rows``). Per model:
+``--rounds`` bursts of 16 random 256-token prompts, one token out, and ``--rounds`` 2,000-token prompts,
+the cache flushed before each; the first round warms up.
 
     PYTHONPATH=. python docs/benchmarks/session36-spr/band_rows_ab.py --models default scale-1.7b
 """
@@ -49,8 +50,8 @@ def main() -> None:
             base = times[BANDS[0]]
             for band, t in times.items():
                 ratio = statistics.median(b / a for a, b in zip(t, base))
-                print(f"{name}, {workload}, bands of {band}: median {statistics.median(t):.3f} s, "
-                      f"best {min(t):.3f} s; speed over {BANDS[0]}, median of pairs {ratio:.3f}", flush=True)  # fmt: skip
+                print(f"{name}, {workload}, bands of {band}: median {statistics.median(t):.3f} s, best "
+                      f"{min(t):.3f} s; speed over {BANDS[0]}, median of pairs {ratio:.3f}", flush=True)  # fmt: skip
         llm.shutdown()
 
 

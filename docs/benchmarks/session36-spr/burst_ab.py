@@ -13,16 +13,10 @@ It prints each process's median and best burst (the first, which builds the kern
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def bursts(workload: str, count: int) -> list[float]:
@@ -61,25 +55,19 @@ def main() -> None:
     if args.child:
         print(" ".join(f"{t:.3f}" for t in bursts(args.child, args.bursts)))
         return
+    # Imported here: a child runs in the base tree, which may not have these modules.
     from benchmarks.machine import machine_info
+    from benchmarks.trees import ROOT, commit_tree, run_in
 
     print(machine_info(2))
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True,
-                       capture_output=True)  # fmt: skip
-        try:
-            for r in range(args.rounds):
-                for workload in args.workloads:
-                    for name, tree in ((f"base {args.base}", base), ("working tree", ROOT)):
-                        command = [sys.executable, __file__, "--child", workload, "--bursts", str(args.bursts)]
-                        env = {**os.environ, "PYTHONPATH": str(tree)}
-                        done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=True)
-                        times = [float(t) for t in done.stdout.split()]
-                        print(f"round {r + 1} {workload} {name}: median {statistics.median(times):.3f} s, "
-                              f"best {min(times):.3f} s", flush=True)  # fmt: skip
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=True)
+    with commit_tree(args.base) as base:
+        for r in range(args.rounds):
+            for workload in args.workloads:
+                for name, tree in ((f"base {args.base}", base), ("working tree", ROOT)):
+                    command = [sys.executable, __file__, "--child", workload, "--bursts", str(args.bursts)]
+                    times = [float(t) for t in run_in(tree, command).split()]
+                    print(f"round {r + 1} {workload} {name}: median {statistics.median(times):.3f} s, "
+                          f"best {min(times):.3f} s", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -224,7 +224,8 @@ static int chunk_bf16(int bits, const float *x, int gated, int64_t rows, int64_t
             for (int half = 0; half < 2; half++) {
                 const float *at = x + r * x_stride + g * GROUP + half * 16;
                 __m512 v = _mm512_setzero_ps();
-                if (r < rows) v = gated ? vec_silu_mul(_mm512_loadu_ps(at), _mm512_loadu_ps(at + K)) : _mm512_loadu_ps(at);
+                if (r < rows && gated) v = vec_silu_mul(_mm512_loadu_ps(at), _mm512_loadu_ps(at + K));
+                else if (r < rows) v = _mm512_loadu_ps(at);
                 _mm256_store_si256((__m256i *)(out + half * 16), (__m256i)_mm512_cvtneps_pbh(v));
             }
         }
