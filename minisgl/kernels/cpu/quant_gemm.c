@@ -515,7 +515,7 @@ static void amx_int_configure(void) {
     for (int t = 0; t < 4; t++) c.rows[t] = AMX_ROWS, c.columns[t] = 4 * TILE;  // sums: 16 rows x 16 int32
     for (int t = 4; t < 6; t++) c.rows[t] = AMX_ROWS, c.columns[t] = GROUP;     // a group of x's digits
     for (int t = 6; t < 8; t++) c.rows[t] = GROUP / 4, c.columns[t] = 4 * TILE;  // codes: 8 x 16 outputs x 4
-    _tile_loadconfig(&c);
+    load_tile_config(&c);
 }
 
 // A group's int4 codes (rows_of's layout) as bytes in the tile layout: the 4 low-nibble pieces (columns

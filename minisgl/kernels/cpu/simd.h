@@ -46,12 +46,17 @@ typedef struct __attribute__((aligned(64))) {
     uint8_t unused[16];
 } TileConfig;
 
+// ldtilecfg from `c`. Not _tile_loadconfig: gcc 12's declares that it reads a pointer's 8 bytes of the
+// configuration, so a caller's stores of the rows and columns can be dropped as dead (gcc -O2/-O3 do in a
+// function of its own; docs/benchmarks/session37-spr/notes.md). This operand is the whole struct.
+static inline void load_tile_config(const TileConfig *c) { __asm__ volatile("ldtilecfg %0" : : "m"(*c)); }
+
 static inline void tiles_configure(void) {
     TileConfig c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int t = 0; t < 8; t++) c.rows[t] = 16, c.columns[t] = 64;
-    _tile_loadconfig(&c);
+    load_tile_config(&c);
 }
 #endif
 
