@@ -104,6 +104,43 @@ def test_the_library_is_the_variant_asked_for(kernels: CpuKernels) -> None:
     assert resolve_kernels(f"c:{kernels.variant.name}") is kernels  # built once, then shared
 
 
+TILE_PROGRAM = r"""
+#define _GNU_SOURCE
+#include <sys/syscall.h>
+#include <unistd.h>
+#include "simd.h"
+__attribute__((noinline)) void configure(void) { tiles_configure(); }  // a function of its own
+int main(void) {
+    if (syscall(SYS_arch_prctl, 0x1023, 18)) return 2;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    configure();
+    float sums[16 * 16] = {1.0f};
+    _tile_zero(0);  // an unconfigured tile register: SIGILL
+    _tile_stored(0, sums, 64);
+    _tile_release();
+    return sums[0] == 0.0f ? 0 : 3;
+}
+"""
+
+
+@pytest.mark.parametrize("level", ["-O2", "-O3"])
+def test_the_tile_configuration_survives_the_compiler(tmp_path: Path, level: str) -> None:
+    """gcc 12's _tile_loadconfig tells the compiler that ldtilecfg reads 8 bytes of the configuration, and
+    gcc then drops the stores of the rows and columns in a function of its own: simd.h's configuration
+    has to reach the tile unit whole."""
+    amx = next(v for v in VARIANTS if v.name == "amx")
+    c_kernels_or_skip("c:amx")  # this CPU runs the amx build, and there is a compiler
+    compiler = native.c_compiler()
+    assert compiler is not None
+    (tmp_path / "tiles.c").write_text(TILE_PROGRAM)
+    built = subprocess.run(
+        [compiler, level, *amx.compile_flags, f"-I{native.SOURCE_DIR}", "-o", str(tmp_path / "tiles"),
+         str(tmp_path / "tiles.c")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    assert subprocess.run([str(tmp_path / "tiles")], check=False).returncode == 0  # -4: SIGILL
+
+
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp(min=1e-30)).item()
 
