@@ -2,10 +2,12 @@
 the ceilings the notes' per-kernel figures are read against.
 
 - fp32 FMAs, 512-bit and 256-bit: 16 independent chains of vfmadd231ps in registers, on 1 thread and on 2;
-- AMX-BF16 (where the CPU has it): tdpbf16ps into 4 sum tiles from 4 tiles loaded once (16 x 16 x 32 products
+- AMX-BF16 (where the CPU has it): the kernels' own tile configuration (``simd.h``'s ``tiles_configure``), then
+  tdpbf16ps into 4 sum tiles from 4 tiles loaded once (16 x 16 x 32 products
   each), on 1 thread and on 2.
 
-Compiled with the compiler the kernels are built with (``minisgl.kernels.native.c_compiler``), -O2.
+Compiled with the compiler the kernels are built with (``minisgl.kernels.native.c_compiler``), -O2; the
+tile program with the amx build's flags.
 
     PYTHONPATH=. python docs/benchmarks/session37-spr/ceilings.py
 """
@@ -17,7 +19,8 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.machine import cpu_flags, load_average, machine_info
-from minisgl.kernels.native import c_compiler
+from minisgl.kernels.native import SOURCE_DIR, c_compiler
+from minisgl.kernels.variants import VARIANTS
 
 FMA = r"""
 #include <immintrin.h>
@@ -49,27 +52,12 @@ int main(void) {
 
 TILES = r"""
 #define _GNU_SOURCE
-#include <immintrin.h>
 #include <omp.h>
-#include <stdint.h>
 #include <stdio.h>
-#include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
-typedef struct __attribute__((aligned(64))) {  // as the kernels' simd.h lays it out
-    uint8_t palette, start, reserved[14];
-    uint16_t columns[16];
-    uint8_t rows[16];
-    uint8_t unused[16];
-} Config;
-static void configure(void) {
-    Config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) c.rows[t] = 16, c.columns[t] = 64;
-    __asm__ volatile("ldtilecfg %0" : : "m"(c));  // not _tile_loadconfig: see the kernels' simd.h
-}
+#include "simd.h"  // the kernels' tiles_configure
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 int main(void) {
     if (syscall(SYS_arch_prctl, 0x1023, 18)) return 1;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
@@ -78,7 +66,7 @@ int main(void) {
         const double start = now();
 #pragma omp parallel num_threads(threads)
         {
-            configure();
+            tiles_configure();
             static uint16_t a[2][16 * 32] __attribute__((aligned(64)));
             _tile_loadd(4, a[0], 64); _tile_loadd(5, a[1], 64); _tile_loadd(6, a[0], 64); _tile_loadd(7, a[1], 64);
             _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
@@ -96,7 +84,7 @@ int main(void) {
 """
 
 # name: (compiler flags, register type, intrinsics' prefix, fp32 lanes)
-VARIANTS = {"512-bit": ("-mavx512f", "__m512", "_mm512", 16), "256-bit": ("-mavx2 -mfma", "__m256", "_mm256", 8)}
+REGISTERS = {"512-bit": ("-mavx512f", "__m512", "_mm512", 16), "256-bit": ("-mavx2 -mfma", "__m256", "_mm256", 8)}
 
 
 def fma_source(name: str, vec: str, prefix: str, lanes: int) -> str:
@@ -118,15 +106,17 @@ def run(source: str, flags: str, directory: Path, name: str) -> str:
 
 def main() -> None:
     print(f"# {machine_info(2)}")
-    print(f"# load average at start: {load_average()}")
     flags = cpu_flags()
+    print(f"# AMX: {' '.join(sorted(f for f in flags if f.startswith('amx'))) or 'none'}")
+    print(f"# load average at start: {load_average()}")
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (options, vec, prefix, lanes) in VARIANTS.items():
+        for name, (options, vec, prefix, lanes) in REGISTERS.items():
             if name == "512-bit" and "avx512f" not in flags:
                 continue
             print(run(fma_source(name, vec, prefix, lanes), options, Path(tmp), f"fma{lanes}"))
         if "amx_bf16" in flags:
-            print(run(TILES, "-mamx-tile -mamx-bf16", Path(tmp), "tiles"))
+            amx = " ".join(next(v for v in VARIANTS if v.name == "amx").compile_flags)
+            print(run(TILES, f"{amx} -I{SOURCE_DIR}", Path(tmp), "tiles"))
         else:
             print("no AMX-BF16 on this CPU")
     print(f"# load average at end: {load_average()}")

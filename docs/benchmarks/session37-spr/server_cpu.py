@@ -23,6 +23,7 @@ from benchmarks.online import _play
 from benchmarks.server import minisgl_server, start_warm
 from benchmarks.workloads import Sizes, build
 from minisgl.config import EngineConfig
+from minisgl.kernels.native import cpu_paths, resolve_kernels
 from minisgl.models.source import load_tokenizer
 
 
@@ -41,6 +42,7 @@ def main() -> None:
     print(f"# load average at start: {load_average()}")
     flags = ["--cache-type", "radix", "--schedule-policy", "lpm", *shlex.split(args.flags)]
     print(f"# server: python -m minisgl serve {' '.join(flags)}")
+    print(f"# its quantized products (kernels=auto here): {cpu_paths(resolve_kernels('auto'))}")
     tokenizer = load_tokenizer(EngineConfig().model)
 
     def text_of(ids: list[int]) -> str:  # as benchmarks.online sends a prompt
