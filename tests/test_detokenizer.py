@@ -20,7 +20,7 @@ def tokenizer() -> PreTrainedTokenizerBase:
 
 def stream(tokenizer: PreTrainedTokenizerBase, ids: list[int], stop: list[str]) -> list[str]:
     detok = IncrementalDetokenizer(tokenizer, stop)
-    pieces = [detok.push(t) for t in ids]
+    pieces = [detok.push((t,)) for t in ids]
     pieces.append(detok.finish())
     return pieces
 
@@ -43,7 +43,7 @@ def test_stop_string_is_held_back_and_never_emitted(tokenizer: PreTrainedTokeniz
     detok = IncrementalDetokenizer(tokenizer, ["ENDING"])
     expected, seen = "The answer is 42. ", ""
     for t in ids:
-        seen += detok.push(t)
+        seen += detok.push((t,))
         assert expected.startswith(seen), seen  # "E", "END", ... were never let out
     seen += detok.finish()
     assert seen == expected
@@ -116,3 +116,22 @@ def test_stop_matcher_cuts_at_the_first_stop_string_to_complete() -> None:
     assert matcher.feed("a") == "" and matcher.feed("b") == "a" and matcher.stopped
     both = StopMatcher(["abc", "b"])  # completed by the same piece: the earlier start wins
     assert both.feed("a") == "" and both.feed("bc") == "" and both.stopped
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_tokens_pushed_together_join_to_the_same_text(tokenizer: PreTrainedTokenizerBase, seed: int) -> None:
+    # The front end pushes a message's tokens at once: any grouping must end on the offline text,
+    # with split characters and stop strings held back as one at a time.
+    rng = random.Random(seed)
+    text = "héllo wörld 日本語 🎉 STOP ünïcödé " * 3
+    ids = tokenizer.encode(text) if seed % 2 else [rng.randrange(len(tokenizer)) for _ in range(60)]
+    stop = ["STOP"] if seed % 4 == 1 else []
+    detok, pieces, at = IncrementalDetokenizer(tokenizer, stop), [], 0
+    while at < len(ids):
+        step = rng.randrange(1, 9)
+        pieces.append(detok.push(ids[at : at + step]))
+        at += step
+    pieces.append(detok.finish())
+    assert "".join(pieces) == offline(tokenizer, ids, stop)
+    if seed % 2:  # real text: no piece shows half a character
+        assert not any("\ufffd" in p for p in pieces)

@@ -607,7 +607,7 @@ def test_tokens_that_arrive_together_stream_as_one_event_per_sample() -> None:
     reference = [IncrementalDetokenizer(tokenizer, []), IncrementalDetokenizer(tokenizer, [])]
 
     def text(index: int, *tokens: int, last: bool = False) -> str:
-        pieces = "".join(reference[index].push(t) for t in tokens)
+        pieces = reference[index].push(tokens)
         return pieces + (reference[index].finish() if last else "")
 
     async def run() -> list[tuple[int, str, str | None]]:

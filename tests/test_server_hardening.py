@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -97,6 +98,19 @@ def test_stale_ipc_dirs_are_removed_at_start(server: Server, stale_ipc_dirs: tup
     assert len(own) == 1 and own[0].is_dir()  # the server's own, named after its pid
     assert own[0] not in remove_stale_ipc_dirs()  # a live front end's directory stays
     assert own[0].is_dir()
+
+
+def test_a_model_that_fails_to_load_ends_the_start_with_its_cause(tmp_path: Path) -> None:
+    """The scheduler process dies while loading: the server exits (no hang), says so, and leaves no
+    ipc directory behind."""
+    folder = build_tiny_model("llama", tmp_path / "tiny")
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    command = [sys.executable, "-m", "minisgl", "serve", "--port", str(_free_port()), "--model", str(folder)]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    _, stderr = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode != 0
+    assert "the scheduler process exited with code 1 while starting" in stderr, stderr[-3000:]
+    assert not list(Path(tempfile.gettempdir()).glob(f"{PREFIX}{proc.pid}-*"))
 
 
 def test_api_key_from_a_file(server: Server) -> None:

@@ -365,8 +365,7 @@ class Scheduler:
         if sampled in params.stop_token_ids or (not params.ignore_eos and sampled in self.eos_ids):
             return "stop"
         if req.stop_text is not None:
-            for token in tokens:
-                req.stop_text.push(token)
+            req.stop_text.push(tokens)
             if req.stop_text.stopped:
                 return "stop"
         if len(req.output_ids) >= params.max_tokens:

@@ -62,7 +62,7 @@ class ChatSession:
                 for out in scheduler.step():
                     if out.rid != req.rid:
                         continue
-                    piece = detok.push(out.token_id)
+                    piece = detok.push((out.token_id,))
                     if out.finish_reason is not None:
                         piece += detok.finish()
                         finished = True

@@ -50,6 +50,15 @@ class Delta:
     finish_reason: str | None
 
 
+@dataclass
+class _Batch:
+    """The tokens of one sample that make one delta."""
+
+    sample: Sample
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # set when its last token is the sample's last
+
+
 class SampleFailed(RuntimeError):
     """A sample failed in the engine with an error of its own; the other requests are unaffected."""
 
@@ -109,43 +118,48 @@ class Generation:
 
     async def deltas(self) -> AsyncIterator[Delta]:
         """Text deltas of all samples as tokens arrive. The tokens of a sample that arrived together (a
-        message of the scheduler's carries a stream interval's worth) make one delta, so that a response
-        writes one event per interval and not one per token (for a fast decode a tenth of the events and
-        the bytes). A sample's first token is a delta of its own, so that the client sees when it came.
-        Raises ``EngineDead`` or ``SampleFailed`` after the deltas of the tokens before the failure."""
+        message of the scheduler's carries a stream interval's worth) make one delta, detokenized
+        together, so that a response writes one event per interval and not one per token (for a fast
+        decode a tenth of the events and the bytes). A sample's first token is a delta of its own, so
+        that the client sees when it came. Raises ``EngineDead`` or ``SampleFailed`` after the deltas
+        of the tokens before the failure."""
         unfinished = sum(s.finish_reason is None for s in self.samples)
         while unfinished:
             if not self._pending:
                 self._pending.append(await self._queue.get())
             while not self._queue.empty():
                 self._pending.append(self._queue.get_nowait())
-            deltas: list[Delta] = []
-            growing: dict[int, int] = {}  # sample index -> its delta that later tokens extend
+            batches: list[_Batch] = []
+            growing: dict[int, _Batch] = {}  # sample index -> its batch that later tokens extend
             failure: EngineDead | SampleFailed | None = None
             while self._pending and failure is None:
                 index, event = self._pending.popleft()
                 try:
-                    text = self._take(index, event)
+                    token_id = self._take(index, event)
                 except (EngineDead, SampleFailed) as e:
                     failure = e
                     continue
                 sample = self.samples[index]
+                batch = growing.get(index)
+                if batch is None:
+                    batch = _Batch(sample)
+                    batches.append(batch)
+                    if len(sample.output_ids) > 1:
+                        growing[index] = batch
+                batch.token_ids.append(token_id)
                 if sample.finish_reason is not None:  # this was its last token
+                    batch.finish_reason = sample.finish_reason
                     unfinished -= 1
-                at = growing.get(index)
-                if at is not None:
-                    deltas[at] = Delta(sample, deltas[at].text + text, sample.finish_reason)
-                    continue
-                if len(sample.output_ids) > 1:
-                    growing[index] = len(deltas)
-                deltas.append(Delta(sample, text, sample.finish_reason))
-            for delta in deltas:
-                yield delta
+            for batch in batches:
+                text = batch.sample.detok.push(batch.token_ids)
+                if batch.finish_reason is not None:
+                    text += batch.sample.detok.finish()
+                yield Delta(batch.sample, text, batch.finish_reason)
             if failure is not None:
                 raise failure
 
-    def _take(self, index: int, event: Event) -> str:
-        """One event of sample ``index``: its token's newly final text (and the rest at its last token)."""
+    def _take(self, index: int, event: Event) -> int:
+        """One event of sample ``index``: its token, recorded (and the sample finished at its last)."""
         if isinstance(event, EngineDead):
             raise event
         assert isinstance(event, Token), event  # start() consumed every accept/reject
@@ -157,12 +171,10 @@ class Generation:
         self._record_latency(sample)
         sample.output_ids.append(event.token_id)
         sample.cached_tokens = event.cached_tokens
-        text = sample.detok.push(event.token_id)
         if event.finish_reason is not None:
             sample.finish_reason = event.finish_reason
             self.metrics.requests.labels(event.finish_reason).inc()
-            text += sample.detok.finish()
-        return text
+        return event.token_id
 
     async def run(self, disconnected: Awaitable[None]) -> bool:
         """Run every sample to the end; False (and everything aborted) if ``disconnected`` fires first."""

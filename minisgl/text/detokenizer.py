@@ -38,9 +38,10 @@ class IncrementalDetokenizer:
         """A stop string has appeared: nothing after it is ever emitted."""
         return self._matcher.stopped
 
-    def push(self, token_id: int) -> str:
-        """Add one token; returns the text that became final (possibly empty)."""
-        self.ids.append(token_id)
+    def push(self, token_ids: Sequence[int]) -> str:
+        """Add tokens, one or as many as came together; returns the text that became final (possibly
+        empty). Tokens pushed together cost one window's decoding between them."""
+        self.ids.extend(token_ids)
         prefix = self._decode(self.ids[self._prefix_offset : self._read_offset])
         window = self._decode(self.ids[self._prefix_offset :])
         new = ""
@@ -70,6 +71,6 @@ def detokenize(tokenizer: PreTrainedTokenizerBase, ids: list[int], stop: Sequenc
     """The final text of a request's output ids: exactly what a stream of the same ids emits."""
     detok = IncrementalDetokenizer(tokenizer, stop)
     for token_id in ids:
-        detok.push(token_id)
+        detok.push((token_id,))
     detok.finish()
     return detok.emitted
