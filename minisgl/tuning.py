@@ -106,9 +106,9 @@ SHARED_PREFIX_MIN = 32
 # message wakes the front end and the client, which on a 2-core CPU share the cores with the model's
 # threads, and a thread of the model that loses its core stalls the other at the next barrier, so each
 # message costs the model about twice the CPU it takes. 50 ms: 20 updates a second, about three frames of a
-# 60 Hz screen, and shorter than the decode step of a model of 1B or more on such a CPU, whose tokens still
-# go one a message; one user of the default model keeps 0.97-0.98 of its offline speed through the server on
-# the Intel VM, against 0.95 with 20 ms (session 38's Benchmarks entry).
+# 60 Hz screen; a model that decodes fewer than 20 tokens a second still sends every token as it comes. One
+# user of the default model keeps 0.97-0.98 of its offline speed through the server on the Intel VM, against
+# 0.92-0.95 with 20 ms (session 38's Benchmarks entry).
 # ``--stream-interval-ms`` overrides it (0: every token as it comes). One user through the server against
 # offline, with and without: ``python -m benchmarks.paired --systems offline:minisgl,minisgl --serve
 # 'i20=--stream-interval-ms 20' --serve 'per-token=--stream-interval-ms 0' --workloads single-stream``.
