@@ -3,8 +3,8 @@
 Outputs are routed to per-HTTP-request ``asyncio.Queue``s as ``(index, event)`` pairs. Sending is
 synchronous and never blocks (unbounded ZeroMQ queue), so aborts can be sent from code that is
 being cancelled (a client that disconnects cancels its response task). Receiving is a reader on the
-socket's descriptor that takes every queued message in one callback: on a 2-core machine the front
-end's CPU comes out of the model's, and ``zmq.asyncio``'s futures cost several times as much per message.
+socket's descriptor that takes every queued message in one callback, the scheduler process's start-up
+included; the process's sentinel is another reader, so a death while loading ends ``start`` at once.
 """
 
 from __future__ import annotations
