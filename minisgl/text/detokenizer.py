@@ -68,9 +68,9 @@ class IncrementalDetokenizer:
 
 
 def detokenize(tokenizer: PreTrainedTokenizerBase, ids: list[int], stop: Sequence[str]) -> str:
-    """The final text of a request's output ids: exactly what a stream of the same ids emits."""
+    """The final text of a request's output ids: exactly what a stream of the same ids emits, however
+    they came in (tests/test_detokenizer.py), so they are pushed at once."""
     detok = IncrementalDetokenizer(tokenizer, stop)
-    for token_id in ids:
-        detok.push((token_id,))
+    detok.push(ids)
     detok.finish()
     return detok.emitted
