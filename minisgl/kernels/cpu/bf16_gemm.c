@@ -15,7 +15,11 @@
 // (32 output rows) and a pair's span in steps of up to STEP_GROUPS groups: it dequantizes a step into the
 // tile layout (per group of 32 columns, 16 rows of 16 outputs x 2 columns: the bf16 pairs the tile
 // instruction takes), where it stays in L1 while every two blocks of 16 rows of x run against it: 4 sum
-// registers (2 x 2 blocks of 16 x 16), 2 of x, 2 of the weight. The sums wait in a buffer of the thread's
+// registers (2 x 2 blocks of 16 x 16), 2 of x, 2 of the weight. x's tiles are loaded with the streaming
+// hint (tileloaddt1): each is read once per pair, and plain loads would take L1 from the pair, which then
+// could hold only short steps, each step a load and a store of every block's sums (135M's 576-column weights
+// in one step instead of three: 1.09-1.17x; 1.02-1.08x at 1.7B; docs/benchmarks/session39-spr/
+// prefill_products_ab.txt). The sums wait in a buffer of the thread's
 // between steps and in y between spans (fp32: exact).
 
 #define _GNU_SOURCE  // syscall(): Linux's permission for the tile state (kernels_prepare)
@@ -46,9 +50,9 @@ int kernels_prepare(void) {
 // memory and back. Where one span holds all of K (a small K) a chunk takes as many rows as fit it, since
 // each chunk dequantizes the weight anew (docs/benchmarks/session29-spr/tile_ab.py).
 #define CHUNK_ROWS 256
-// Groups of a pair dequantized at a time (16 KB at most: in L1 beside the x tiles streaming from L2); a span
-// is cut into equal steps (docs/benchmarks/session30-spr/kernel_ab.py).
-#define STEP_GROUPS 8
+// Groups of a pair dequantized at a time (36 KB at most: L1 holds it while x's tiles stream past); a span is
+// cut into equal steps (docs/benchmarks/session39-spr/prefill_products_ab.py).
+#define STEP_GROUPS 18
 
 static float int4_weight_at(const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum, int64_t K,
                             int64_t o, int64_t k) {
@@ -267,8 +271,8 @@ static int chunk_bf16(int bits, const float *x, int gated, int64_t rows, int64_t
                             }
                             const uint16_t *x0 = xb + r0 * K, *x1 = x0 + BLOCK * K;  // two blocks of rows
                             for (int64_t g = s0; g < s1; g++) {
-                                _tile_loadd(4, x0 + g * BLOCK * GROUP, 64);
-                                _tile_loadd(5, x1 + g * BLOCK * GROUP, 64);
+                                _tile_stream_loadd(4, x0 + g * BLOCK * GROUP, 64);
+                                _tile_stream_loadd(5, x1 + g * BLOCK * GROUP, 64);
                                 _tile_loadd(6, pair + (g - s0) * PAIR_BYTES, 64);
                                 _tile_loadd(7, second + (g - s0) * PAIR_BYTES, 64);
                                 _tile_dpbf16ps(0, 4, 6);
