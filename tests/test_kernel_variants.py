@@ -249,30 +249,39 @@ def test_prefill_rows_of_the_amx_build_are_its_bf16_reference(bits: int, n: int,
     assert not torch.equal(split[:4], simd(x[:4]))
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_a_product_of_gate_up_is_the_product_of_its_activation(kernels: CpuKernels, bits: int) -> None:
-    """``gated``: the product of SwiGLU's activation of gate_up, which the prefill rows' path computes on its
-    way into the tile unit (the amx build) and the others take written out: every row the same bits as the
-    activation written out and then the product, in a new tensor or in ``out``."""
-    n, k, rows = 40, 96, 300
-    g = torch.Generator().manual_seed(bits)
-    weight = (Int4Weight if bits == 4 else Int8Weight).quantize(torch.randn(n, k, generator=g))
-    buffers = (weight.codes, weight.scale, weight.minimum) if bits == 4 else (weight.codes, weight.scale)
-    bind = kernels.int4 if bits == 4 else kernels.int8
-    product, reference = bind(*buffers, n), bind(*buffers, n, reference=True)
-    gate_up = torch.randn(rows, 2 * k, generator=g) * 3
-    act = kernels.silu_and_mul(gate_up)
-    for prefill_rows in (0, 17, rows):
-        expected = product(act, prefill_rows)
-        assert torch.equal(product(gate_up, prefill_rows, gated=True), expected), prefill_rows
-        out = torch.full((rows, n), float("nan"))
-        assert product(gate_up, prefill_rows, out, gated=True) is out
-        assert torch.equal(out, expected), prefill_rows
-    assert torch.equal(reference(gate_up, 17, gated=True), reference(act, 17))
-    with pytest.raises(ValueError, match=r"gate_up must have shape \[\*, 192\]"):
-        product(act, gated=True)
-    with pytest.raises(ValueError, match=r"out must have shape \[300, 40\]"):
-        product(act, 0, torch.empty(rows, n + 1))
+def quantized(bits: int, w: torch.Tensor) -> Int4Weight | Int8Weight:
+    return (Int4Weight if bits == 4 else Int8Weight).quantize(w)
+
+
+# An MLP's prefill rows in one call (mlp_bf16): hidden 2048 takes chunks of 256 rows (one span of gate_up's K each).
+@pytest.mark.parametrize("gate_up_bits, down_bits", [(4, 4), (8, 8), (4, 8), (8, 4)])
+@pytest.mark.parametrize("hidden, intermediate", [(64, 96), (2048, 64)])
+def test_an_mlp_s_prefill_rows_are_its_two_products_and_activation(
+    gate_up_bits: int, down_bits: int, hidden: int, intermediate: int
+) -> None:
+    """``prefill_mlp``: every row the same bits as gate_up's prefill product, ``silu_and_mul`` written out and
+    the down projection's prefill product, in a new tensor or in ``out``; near its reference, whose activation
+    takes libm's exp (an activation rounded to the other bf16 neighbour moves its terms by 2^-8)."""
+    kernels = c_kernels_or_skip("c:amx")
+    g = torch.Generator().manual_seed(gate_up_bits + 2 * down_bits + hidden)
+    gate_up = quantized(gate_up_bits, torch.randn(2 * intermediate, hidden, generator=g))
+    down = quantized(down_bits, torch.randn(hidden, intermediate, generator=g))
+    gate_up_product, down_product = gate_up.bind(kernels, 1), down.bind(kernels, 1)
+    buffers = (gate_up.kernel_buffers(), down.kernel_buffers())
+    assert buffers[0] is not None and buffers[1] is not None
+    mlp = kernels.prefill_mlp(*buffers, hidden, intermediate)
+    reference = kernels.prefill_mlp(*buffers, hidden, intermediate, reference=True)
+    for rows in (1, 17, 40, 300):
+        x = torch.randn(rows, hidden, generator=g) * 3
+        expected = down_product(kernels.silu_and_mul(gate_up_product(x, rows)), rows)
+        assert torch.equal(mlp(x), expected), rows
+        out = torch.full((rows, hidden), float("nan"))
+        assert mlp(x, out) is out and torch.equal(out, expected), rows
+        assert relative_error(expected, reference(x)) < 1e-3, rows
+    with pytest.raises(ValueError, match=rf"x must have shape \[\*, {hidden}\]"):
+        mlp(torch.randn(3, hidden + 32))
+    with pytest.raises(ValueError, match="gate_up codes must have shape"):
+        kernels.prefill_mlp(buffers[1], buffers[0], hidden, intermediate)  # the weights swapped
 
 
 def test_prefill_rows_take_the_decode_products_without_a_tile_unit(kernels: CpuKernels) -> None:
@@ -282,6 +291,10 @@ def test_prefill_rows_take_the_decode_products_without_a_tile_unit(kernels: CpuK
     assert kernels.bf16_prefill == (kernels.variant.name == "amx")
     if not kernels.bf16_prefill:
         assert torch.equal(product(x, 12), product(x))
+        gate_up, down = Int4Weight.quantize(torch.randn(64, 64)), Int4Weight.quantize(torch.randn(64, 32))
+        mlp = kernels.prefill_mlp(gate_up.kernel_buffers(), down.kernel_buffers(), 64, 32)
+        with pytest.raises(ValueError, match="mlp_bf16: this CPU lacks the instructions"):
+            mlp(torch.randn(3, 64))
     for wrong in (-1, 21):
         with pytest.raises(ValueError, match="prefill_rows must be within 0..20"):
             product(x, wrong)

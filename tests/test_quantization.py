@@ -19,7 +19,7 @@ from minisgl import LLM, SamplingParams
 from minisgl.batch import AttentionKind, Batch
 from minisgl.config import EngineConfig
 from minisgl.heap import HugePageArena
-from minisgl.kernels.native import resolve_kernels
+from minisgl.kernels.native import PrefillMlp, resolve_kernels
 from minisgl.kernels.variants import VARIANTS, cpu_flags, host_variants
 from minisgl.layers.linear import Linear
 from minisgl.layers.quant import INT4_GROUP, DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
@@ -318,12 +318,13 @@ def test_auto_greedy_same_in_a_batch_as_alone(auto_llm: LLM) -> None:
 
 def test_every_layer_product_knows_the_prefill_rows_of_its_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pass's prefill rows (``Batch.prefill_tokens``, its first rows) reach every layer product, the MLP's
-    bands and a pass that mixes a prompt's chunk with a decoding request included; the LM head's rows are
-    sampled ones, all on the decode products."""
+    bands and a pass that mixes a prompt's chunk with a decoding request included: where the C kernels have
+    the tile unit's MLP (``CpuKernels.prefill_mlp``) it takes those rows and the MLP's products the others.
+    The LM head's rows are sampled ones, all on the decode products."""
     llm = LLM(num_page_override=2048, max_prefill_tokens=16, speculative_algorithm="none")
     engine, head = llm.scheduler.engine, llm.scheduler.engine.model.lm_head.quantized
-    run_model, forward, forward_gated = engine.run_model, QuantizedWeight.forward, QuantizedWeight.forward_gated
-    passes: list[tuple[int, int, list[int]]] = []  # (rows, prefill tokens, the layer products' prefill rows)
+    run_model, forward = engine.run_model, QuantizedWeight.forward
+    passes: list[tuple[int, int, list[int | str]]] = []  # (rows, prefill tokens, what the layers' products saw)
 
     def recording(batch: Batch) -> torch.Tensor:
         passes.append((batch.input_ids.numel(), batch.prefill_tokens, []))
@@ -336,23 +337,34 @@ def test_every_layer_product_knows_the_prefill_rows_of_its_pass(monkeypatch: pyt
             passes[-1][2].append(prefill_rows)
         return forward(self, x, prefill_rows, out)
 
-    def gated_spy(
-        self: QuantizedWeight, x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        passes[-1][2].append(prefill_rows)
-        return forward_gated(self, x, prefill_rows, out)
+    def mlp_spy(mlp: PrefillMlp) -> PrefillMlp:
+        def call(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+            passes[-1][2].append(f"mlp of {len(x)}")
+            return mlp(x, out)
 
+        return call
+
+    layers = [layer.mlp for layer in engine.model.model.layers]
+    fused = [mlp._prefill_mlp for mlp in layers]
+    for mlp, prefill_mlp in zip(layers, fused):
+        if prefill_mlp is not None:
+            monkeypatch.setitem(mlp.__dict__, "_prefill_mlp", mlp_spy(prefill_mlp))
     monkeypatch.setattr(engine, "run_model", recording)
     monkeypatch.setattr(QuantizedWeight, "forward", spy)
-    monkeypatch.setattr(QuantizedWeight, "forward_gated", gated_spy)
     llm.generate([list(range(100, 106)), list(range(200, 240))], SamplingParams(max_tokens=4, ignore_eos=True))
     llm.shutdown()
-    layers = len(engine.model.model.layers)
+    tile_unit = engine.kernels is not None and engine.kernels.bf16_prefill
+    assert [f is not None for f in fused] == [tile_unit] * len(layers)
     mixed = [(rows, prefill) for rows, prefill, _ in passes if 0 < prefill < rows]
     assert mixed, passes  # the long prompt's chunks ride with the short one's decoding
     for rows, prefill, seen in passes:
-        # qkv, o, gate/up, down of each layer; a decode pass runs the fused step (none) or products told of none
-        assert seen == ([prefill] * 4 * layers if prefill else [0] * len(seen)), (rows, prefill)
+        if not prefill:  # a decode pass runs the fused step (none) or products told of none
+            assert seen == [0] * len(seen), rows
+            continue
+        mlp: list[int | str] = [prefill, prefill]  # gate/up, down
+        if fused[0] is not None:
+            mlp = [f"mlp of {prefill}"] + ([0, 0] if prefill < rows else [])
+        assert seen == ([prefill, prefill] + mlp) * len(layers), (rows, prefill)  # qkv, o, the MLP's
 
 
 def test_fused_decode_step_matches_the_layer_by_layer_one(auto_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:

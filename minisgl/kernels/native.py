@@ -56,13 +56,16 @@ class Matmul(Protocol):
     """A quantized weight's product: x [rows, K] fp32 → [rows, N] fp32, x rounded to the int8 digits the
     product was bound with (quant_gemm.c); where the library has a tile unit's path for prefill tokens
     (``CpuKernels.bf16_prefill``), the first ``prefill_rows`` rows take it instead (bf16_gemm.c). The
-    product is written into ``out`` where given (a contiguous fp32 [rows, N]), else into a new tensor. With
-    ``gated``, x is SwiGLU's gate_up [rows, 2K] and the product is of its activation, silu(gate) * up
-    (``CpuKernels.silu_and_mul``'s bits), which the prefill rows' path computes on its way into the tiles."""
+    product is written into ``out`` where given (a contiguous fp32 [rows, N]), else into a new tensor."""
 
-    def __call__(
-        self, x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None, gated: bool = False
-    ) -> torch.Tensor: ...
+    def __call__(self, x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
+class PrefillMlp(Protocol):
+    """A SwiGLU MLP's prefill rows (``CpuKernels.prefill_mlp``): x [rows, H] fp32 → [rows, H], written into
+    ``out`` where given (a contiguous fp32 [rows, H])."""
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 def resolve_kernels(choice: str, flags: frozenset[str] | None = None) -> CpuKernels | None:
@@ -243,7 +246,7 @@ def _check_rows(first: int, rows: int, n: int) -> None:
 
 
 def _check_projection(name: str, weight: Int4Buffers | Int8Buffers, n: int) -> int:
-    """A projection of ``decode_layer.c`` with ``n`` output rows, int4 (three buffers) or int8 (two): its K."""
+    """A projection (``decode_layer.c``, ``mlp_bf16``) with ``n`` output rows, int4 (three buffers) or int8 (two): its K."""
     return _check_int4(name, weight, n) if len(weight) == 3 else _check_int8(name, weight, n)
 
 
@@ -340,6 +343,47 @@ class CpuKernels:
         weight = (self.pointer(codes), self.pointer(scale))
         return self._bind("int8_gemm", n, k, digits, weight, (codes, scale), reference)
 
+    def prefill_mlp(
+        self,
+        gate_up: Int4Buffers | Int8Buffers,
+        down: Int4Buffers | Int8Buffers,
+        hidden: int,
+        intermediate: int,
+        reference: bool = False,
+    ) -> PrefillMlp:
+        """A SwiGLU MLP's prefill rows on the tile unit (``mlp_bf16``: the amx build's, see ``bf16_prefill``):
+        x [rows, hidden] fp32 → down(silu(gate) * up), gate_up [2 intermediate, hidden] (gate rows, then up
+        rows) and down [hidden, intermediate] each int4 (three buffers) or int8 (two); into ``out`` where given.
+        Each row the same bits as ``int4``/``int8``'s prefill rows through gate_up, ``silu_and_mul`` and down,
+        gate_up never written out. With ``reference``, ``mlp_bf16_ref``."""
+        for name, weight, n, k in (
+            ("gate_up", gate_up, 2 * intermediate, hidden),
+            ("down", down, hidden, intermediate),
+        ):
+            if _check_projection(name, weight, n) != k:
+                raise ValueError(f"{name} must be [{n}, {k}]")
+        structs = self.ffi.new("Projection[2]")
+        for struct, buffers in zip(structs, (gate_up, down)):
+            if len(buffers) == 3:
+                struct.bits, struct.int4.codes, struct.int4.scale, struct.int4.minimum = 4, *map(self.pointer, buffers)
+            else:
+                struct.bits, struct.int8.codes, struct.int8.scale = 8, *map(self.pointer, buffers)
+        keep = (*gate_up, *down)
+
+        def mlp(
+            x: torch.Tensor, out: torch.Tensor | None = None, keep: tuple[torch.Tensor, ...] = keep
+        ) -> torch.Tensor:
+            _check("x", x, (torch.float32,), (None, hidden))
+            y = torch.empty(x.shape[0], hidden) if out is None else _check("out", out, (torch.float32,), x.shape)
+            args = (self.pointer(x), x.shape[0], hidden, structs, intermediate, structs + 1, self.pointer(y))
+            if reference:
+                self.raise_for("mlp_bf16_ref", self.lib.mlp_bf16_ref(*args))
+            else:
+                self.raise_for("mlp_bf16", self.lib.mlp_bf16(*args, torch.get_num_threads()))
+            return y
+
+        return mlp
+
     def int4_from_gguf(self, blocks: torch.Tensor, q4_1: bool, first: int, weight: Int4Buffers, n: int) -> None:
         """GGUF Q4_0 (or, with ``q4_1``, Q4_1) ``blocks`` [rows, K / 32 * block bytes] uint8 written as
         they are into rows ``first ..`` of an [n, K] int4 weight's tiles (kernels.h's Int4)."""
@@ -379,31 +423,28 @@ class CpuKernels:
             raise ValueError(f"digits must be 1 or 2, got {digits}")
         suffix = "_ref" if reference else ""
         run, prefill, cast = getattr(self.lib, name + suffix), getattr(self.lib, f"{name}_bf16{suffix}"), self.ffi.cast
-        prefill_gated = getattr(self.lib, f"{name}_bf16_swiglu")
         bf16_prefill = self.bf16_prefill
 
         def call(function: Any, what: str, *args: Any) -> None:
             self.raise_for(what, function(*args) if reference else function(*args, torch.get_num_threads()))
 
         def matmul(
-            x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None, gated: bool = False,
+            x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None,
             keep: tuple[torch.Tensor, ...] = keep,
         ) -> torch.Tensor:  # fmt: skip
-            _check("gate_up" if gated else "x", x, (torch.float32,), (None, 2 * k if gated else k))
+            _check("x", x, (torch.float32,), (None, k))
             rows = x.shape[0]
             if not 0 <= prefill_rows <= rows:
                 raise ValueError(f"prefill_rows must be within 0..{rows} (x's rows), got {prefill_rows}")
             y = torch.empty(rows, n) if out is None else _check("out", out, (torch.float32,), (rows, n))
             split = prefill_rows if bf16_prefill else 0
-            if gated and (reference or not split):  # no product takes gate_up: the activation written out
-                x, gated = self.silu_and_mul(x), False
             y_at = y.data_ptr()
             if split:
-                function, what = (prefill_gated, f"{name}_bf16_swiglu") if gated else (prefill, f"{name}_bf16")
-                call(function, what, cast("float *", x.data_ptr()), split, k, *weight, n, cast("float *", y_at))
+                call(
+                    prefill, f"{name}_bf16", cast("float *", x.data_ptr()), split, k, *weight, n, cast("float *", y_at)
+                )
             if rows > split:
-                rest = self.silu_and_mul(x[split:]) if gated else x[split:]  # decode rows take it written out
-                x_rest, y_rest = cast("float *", rest.data_ptr()), cast("float *", y_at + 4 * split * n)
+                x_rest, y_rest = cast("float *", x[split:].data_ptr()), cast("float *", y_at + 4 * split * n)
                 call(run, name, x_rest, digits, rows - split, k, *weight, n, y_rest)
             return y
 

@@ -7,9 +7,9 @@ from functools import cached_property
 import torch
 from torch import nn
 
+from minisgl.kernels.native import PrefillMlp
 from minisgl.layers.activation import gated_activation
 from minisgl.layers.linear import Linear, RankGroup, column, row
-from minisgl.layers.quant import QuantizedWeight
 from minisgl.tuning import mlp_band_rows
 
 
@@ -50,22 +50,30 @@ class GatedMLP(nn.Module):
         return out
 
     def _band(self, x: torch.Tensor, prefill_rows: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x, prefill_rows)
-        if self._gated_down is not None and gate_up.dtype == torch.float32:
-            return self._gated_down.forward_gated(gate_up, prefill_rows, out)
-        return self.down_proj(self._act_and_mul(gate_up), prefill_rows, out)
+        fused = self._prefill_mlp if prefill_rows and x.dtype == torch.float32 else None
+        if fused is None:
+            return self.down_proj(self._act_and_mul(self.gate_up_proj(x, prefill_rows)), prefill_rows, out)
+        y = x.new_empty(len(x), self.down_proj.shape[0]) if out is None else out
+        fused(x[:prefill_rows].contiguous(), y[:prefill_rows])
+        if prefill_rows < len(x):  # the decode rows: their own products (quant_gemm.c), as without the prefill rows
+            self.down_proj(self._act_and_mul(self.gate_up_proj(x[prefill_rows:])), 0, y[prefill_rows:])
+        return y
 
     @cached_property
-    def _gated_down(self) -> QuantizedWeight | None:
-        """The down projection's weight where it takes gate_up itself (``QuantizedWeight.forward_gated``):
-        the C kernels run both projections, SwiGLU is the activation and the down projection is one rank's
-        whole weight without a bias. The same bits as ``_act_and_mul``'s activation and then the product."""
+    def _prefill_mlp(self) -> PrefillMlp | None:
+        """Both projections of the prefill rows in one C call (``CpuKernels.prefill_mlp``: the tile unit's,
+        gate_up never written out) where it runs this MLP: SwiGLU, each projection one rank's whole weight
+        without a bias in a format the call takes. The same bits as the two products and ``_act_and_mul``."""
         gate_up, down = self.gate_up_proj.quantized, self.down_proj.quantized
-        if gate_up is None or gate_up.kernels is None or down is None or down.c_matmul is None:
+        if gate_up is None or down is None or gate_up.kernels is None or not gate_up.kernels.bf16_prefill:
             return None
-        if self.activation != "silu" or self.down_proj.partition is not None or self.down_proj.bias is not None:
+        linears = (self.gate_up_proj, self.down_proj)
+        if self.activation != "silu" or any(m.partition is not None or m.bias is not None for m in linears):
             return None
-        return down
+        gate_up_buffers, down_buffers = gate_up.kernel_buffers(), down.kernel_buffers()
+        if gate_up_buffers is None or down_buffers is None:
+            return None
+        return gate_up.kernels.prefill_mlp(gate_up_buffers, down_buffers, down.out_features, down.in_features)
 
     def _act_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """Quantized weights with the C kernels take their SwiGLU from the kernels too (the fused decode

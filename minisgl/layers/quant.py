@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.heap import HugePageArena
-from minisgl.kernels.native import QUANT_TILE, CpuKernels, Matmul
+from minisgl.kernels.native import QUANT_TILE, CpuKernels, Int4Buffers, Int8Buffers, Matmul
 from minisgl.tuning import INT4_MAX_KERNEL_ROWS, INT8_MAX_KERNEL_ROWS
 
 QuantMode = Literal["int4", "int8"]
@@ -96,16 +96,6 @@ class QuantizedWeight(nn.Module):
             return y
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
-    def forward_gated(
-        self, gate_up: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """The product of SwiGLU's activation of fp32 ``gate_up`` [rows, 2 in] (each row's gate, then its up;
-        ``CpuKernels.silu_and_mul``'s bits) through the C kernels, the prefill rows' activation computed on its
-        way into the tile unit, never written out (``Matmul``'s ``gated``); into ``out`` where given."""
-        if self.c_matmul is None:
-            raise ValueError(f"{type(self).__name__}.forward_gated needs the C kernels")
-        return self.c_matmul(gate_up, prefill_rows, out, gated=True)
-
     @cached_property
     def c_matmul(self) -> Matmul | None:
         """The C kernels' product, [rows, in] fp32 → [rows, out] fp32; None without them."""
@@ -114,6 +104,11 @@ class QuantizedWeight(nn.Module):
     def bind(self, kernels: CpuKernels, digits: int) -> Matmul:
         """This weight's product through ``kernels``, x rounded to ``digits`` int8 digits."""
         raise NotImplementedError
+
+    def kernel_buffers(self) -> Int4Buffers | Int8Buffers | None:
+        """This weight's buffers as the C kernels' whole-layer entry points take them (kernels.h's
+        Projection: ``decode_layer.c``, ``mlp_bf16``), where they take this one."""
+        return None
 
     def move_into(self, arena: HugePageArena) -> None:
         """Every buffer of this weight moved into ``arena`` (its values unchanged; the old ones dropped
@@ -308,6 +303,9 @@ class Int4Weight(QuantizedWeight):
     def bind(self, kernels: CpuKernels, digits: int) -> Matmul:
         return kernels.int4(self.codes, self.scale, self.minimum, self.out_features, digits)
 
+    def kernel_buffers(self) -> Int4Buffers:
+        return self.codes, self.scale, self.minimum
+
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         packed, scales_and_zeros = self._torch_packing
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), packed, INT4_GROUP, scales_and_zeros)
@@ -397,17 +395,16 @@ class Int8Weight(QuantizedWeight):
         codes = self._tile_view()[tile, :, :, lane, :]  # [rows, groups, 8, 4]
         return codes.reshape(len(tile), self.padded_in)[:, : self.in_features]
 
+    def kernel_buffers(self) -> Int8Buffers | None:
+        return (self.codes, self.scale) if self.padded_in == self.in_features else None  # they read whole groups
+
     def bind(self, kernels: CpuKernels, digits: int) -> Matmul:
         matmul = kernels.int8(self.codes, self.scale, self.out_features, digits)
         pad = self.padded_in - self.in_features
         if pad == 0:
             return matmul
 
-        def padded(
-            x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None, gated: bool = False
-        ) -> torch.Tensor:
-            if gated:
-                x = kernels.silu_and_mul(x)
+        def padded(x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
             return matmul(F.pad(x, (0, pad)), prefill_rows, out)  # the kernel reads whole groups
 
         return padded

@@ -21,13 +21,13 @@ from torch import nn
 
 from minisgl.batch import AttentionContext
 from minisgl.distributed.sharding import HeadShard, even_range, shard_heads
-from minisgl.kernels.native import CpuKernels, FusedDecoder, Int4Buffers, Int8Buffers, LayerWeights
+from minisgl.kernels.native import CpuKernels, FusedDecoder, LayerWeights
 from minisgl.layers.embedding import VocabEmbedding
 from minisgl.layers.linear import Linear, column, row
 from minisgl.layers.mlp import GatedMLP
 from minisgl.layers.moe import SparseMoE
 from minisgl.layers.norm import RMSNorm
-from minisgl.layers.quant import Int4Weight, Int8Weight, QuantizedWeight
+from minisgl.layers.quant import QuantizedWeight
 from minisgl.layers.rotary import Rope, RotaryEmbedding, apply_rotary
 from minisgl.models.config import ModelConfig
 from minisgl.tuning import FUSED_DECODE_MAX_BATCH
@@ -166,7 +166,7 @@ class DecoderLayer(nn.Module):
         bias = attn.qkv_proj.bias
         if bias is not None and (bias.dtype != torch.float32 or not bias.is_cpu):
             return None
-        buffers = [b for w in weights if (b := _kernel_buffers(w)) is not None]
+        buffers = [b for w in weights if w is not None and (b := w.kernel_buffers()) is not None]
         if len(buffers) != len(linears):
             return None
         down = weights[3]
@@ -177,15 +177,6 @@ class DecoderLayer(nn.Module):
             norms[0].weight.detach(), norms[1].weight.detach(), *buffers,
             qkv_bias=None if bias is None else bias.detach(), q_norm=q_norm, k_norm=k_norm,
         )  # fmt: skip
-
-
-def _kernel_buffers(w: QuantizedWeight | None) -> Int4Buffers | Int8Buffers | None:
-    """A quantized weight's buffers as ``decode_layer.c`` takes them, if it takes this one."""
-    if isinstance(w, Int4Weight):
-        return w.codes, w.scale, w.minimum
-    if isinstance(w, Int8Weight) and w.in_features % 32 == 0:
-        return w.codes, w.scale
-    return None
 
 
 def vocab_range(cfg: ModelConfig, tp: TPGroup) -> tuple[int, int]:

@@ -6,9 +6,9 @@
 // time, where here the sums stay in the tile registers. The engine runs the prefill rows here and every
 // decode row in quant_gemm.c, so each row's arithmetic is fixed by what it is, never by what shares its
 // pass; a row's sums are in the same order whatever the other rows (each output is its own chain of tile
-// products). The `_swiglu` entry points take an MLP's gate_up instead of x and round SwiGLU's activation
-// of it (activation.c's arithmetic: simd.h's vec_silu_mul) as they lay x out for the tiles, so that the
-// down projection of a prefill pass never writes its input out and reads it back.
+// products). mlp_bf16 runs an MLP's two products: gate_up's sums leave the tiles as SwiGLU's activation,
+// rounded to bf16 and laid out for the down projection's tiles (activation.c's arithmetic: simd.h's
+// vec_silu_mul), so that a prefill pass never writes gate_up (2 x intermediate fp32 a row) out and reads it back.
 //
 // Blocking: the rows of x in chunks (CHUNK_ROWS), each against the whole weight; per chunk, K in spans
 // whose x (the chunk's rows, bf16) stays in L2; per span, each thread takes its pairs of the weight's tiles
@@ -89,6 +89,34 @@ int int4_gemm_bf16_ref(const float *x, int64_t rows, int64_t K, const uint8_t *c
 int int8_gemm_bf16_ref(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
                        float *y) {
     return gemm_bf16_ref(x, rows, K, codes, scale, NULL, N, y);
+}
+
+// A projection's buffers (kernels.h's Projection) as the functions here take them: a minimum for int4 only.
+static const void *codes_of(const Projection *w) {
+    return w->bits == 4 ? (const void *)w->int4.codes : (const void *)w->int8.codes;
+}
+static const void *scale_of(const Projection *w) {
+    return w->bits == 4 ? (const void *)w->int4.scale : (const void *)w->int8.scale;
+}
+static const uint16_t *minimum_of(const Projection *w) { return w->bits == 4 ? w->int4.minimum : NULL; }
+
+// The reference: gate_up's products written out, SwiGLU's activation (silu in libm's expf, where the SIMD
+// body takes simd.h's: the same within fp32 rounding), then the down projection's products.
+int mlp_bf16_ref(const float *x, int64_t rows, int64_t H, const Projection *gate_up, int64_t I, const Projection *down,
+                 float *y) {
+    if (H % GROUP || I % GROUP) return KERNELS_BAD_SHAPE;
+    float *sums = malloc(sizeof(float) * (size_t)(rows * 3 * I));
+    if (sums == NULL) return KERNELS_NO_MEMORY;
+    float *act = sums + rows * 2 * I;
+    gemm_bf16_ref(x, rows, H, codes_of(gate_up), scale_of(gate_up), minimum_of(gate_up), 2 * I, sums);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < I; i++) {
+            const float gate = sums[r * 2 * I + i], up = sums[r * 2 * I + I + i];
+            act[r * I + i] = gate / (1.0f + expf(-gate)) * up;
+        }
+    gemm_bf16_ref(act, rows, I, codes_of(down), scale_of(down), minimum_of(down), H, y);
+    free(sums);
+    return KERNELS_OK;
 }
 
 #if defined(KERNELS_AMX)
@@ -209,31 +237,44 @@ static void block_store(float *y, int64_t rows, int64_t N, int64_t r0, int64_t o
     copy_block(y + r0 * N + o0, N, edge, 2 * TILE, min64(2 * BLOCK, rows - r0), min64(2 * TILE, N - o0));
 }
 
-// A chunk of rows of x against the whole weight, y [rows, N]; with `gated`, x is SwiGLU's gate_up
-// [rows, 2K] and the product takes silu(gate) * up.
-static int chunk_bf16(int bits, const float *x, int gated, int64_t rows, int64_t K, const void *codes,
-                      const void *scale, const uint16_t *minimum, int64_t N, float *y, int threads) {
-    const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE, pairs = (tiles + 1) / 2;
-    const int64_t padded = (rows + 2 * BLOCK - 1) / (2 * BLOCK) * (2 * BLOCK);
-    // x in bf16 as the tile registers take it: per block of 16 rows and group, 16 rows of 32 columns
-    // (1 KB, one load); the rows past `rows` zeros.
-    const int64_t x_stride = gated ? 2 * K : K;
-    static _Thread_local Scratch x_scratch;
-    uint16_t *xb = scratch_reserve(&x_scratch, sizeof(uint16_t) * (size_t)(padded * K));
-    if (xb == NULL) return KERNELS_NO_MEMORY;
+// x [rows, K] in bf16 as the tile registers take it, into xb: per block of 16 rows and group, 16 rows of 32
+// columns (1 KB, one load); the rows past `rows` (up to `padded`) zeros.
+static void lay_out(const float *x, int64_t rows, int64_t padded, int64_t K, uint16_t *xb, int threads) {
+    const int64_t groups = K / GROUP;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < padded; r++)
         for (int64_t g = 0; g < groups; g++) {
             uint16_t *out = xb + ((r / BLOCK * groups + g) * BLOCK + r % BLOCK) * GROUP;
             for (int half = 0; half < 2; half++) {
-                const float *at = x + r * x_stride + g * GROUP + half * 16;
-                __m512 v = _mm512_setzero_ps();
-                if (r < rows && gated) v = vec_silu_mul(_mm512_loadu_ps(at), _mm512_loadu_ps(at + K));
-                else if (r < rows) v = _mm512_loadu_ps(at);
+                const __m512 v = r < rows ? _mm512_loadu_ps(x + r * K + g * GROUP + half * 16) : _mm512_setzero_ps();
                 _mm256_store_si256((__m256i *)(out + half * 16), (__m256i)_mm512_cvtneps_pbh(v));
             }
         }
-    const int64_t span_groups = max64(1, min64(groups, SPAN_X_BYTES / (padded * GROUP * (int64_t)sizeof(uint16_t))));
+}
+
+// An MLP's gate_up block of sums (tile registers 0-3: rows r0 .., 16 gates at tile 0 and 2, their ups at 1
+// and 3) leaves the tiles as SwiGLU's activation silu(gate) * up (activation.c's arithmetic: simd.h's
+// vec_silu_mul), rounded to bf16 into `act`, laid out as lay_out lays out x for the down projection (I columns).
+static void store_activation(uint16_t *act, int64_t I, int64_t r0, int64_t t, float *edge) {
+    BLOCK_TILES(_tile_stored, edge, 2 * TILE);
+    const int64_t groups = I / GROUP, column = t * TILE;
+    for (int64_t r = 0; r < 2 * BLOCK; r++) {
+        const __m512 v = vec_silu_mul(_mm512_load_ps(edge + r * 2 * TILE), _mm512_load_ps(edge + r * 2 * TILE + TILE));
+        uint16_t *out = act + (((r0 + r) / BLOCK * groups + column / GROUP) * BLOCK + (r0 + r) % BLOCK) * GROUP;
+        _mm256_store_si256((__m256i *)(out + column % GROUP), (__m256i)_mm512_cvtneps_pbh(v));
+    }
+}
+
+// The products of xb (lay_out's, `padded` rows) with a weight [N, K], y [rows, N] (fp32), its tiles in pairs
+// (2p, 2p + 1). With `act`, the weight is an MLP's gate_up ([gate | up], N = 2 I): the pairs are a tile of
+// gates and the tile of their ups (t, t + I / 16), and the sums leave the tiles as store_activation's
+// activation instead of into y (all of K in one span: the caller's chunk of rows holds it in L2). Each
+// output's sums are the same chain of tile products either way.
+static int products(int bits, const uint16_t *xb, int64_t rows, int64_t padded, int64_t K, const void *codes,
+                    const void *scale, const uint16_t *minimum, int64_t N, float *y, uint16_t *act, int threads) {
+    const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE, pairs = act ? tiles / 2 : (tiles + 1) / 2;
+    const int64_t span_groups =
+        act ? groups : max64(1, min64(groups, SPAN_X_BYTES / (padded * GROUP * (int64_t)sizeof(uint16_t))));
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
@@ -251,12 +292,13 @@ static int chunk_bf16(int bits, const float *x, int gated, int64_t rows, int64_t
             for (int64_t g0 = 0; g0 < groups; g0 += span_groups) {
                 const int64_t g1 = min64(g0 + span_groups, groups), steps = (g1 - g0 + STEP_GROUPS - 1) / STEP_GROUPS;
                 const int64_t step = (g1 - g0 + steps - 1) / steps;  // the span in equal steps
-                for (int64_t p = p0; p < p1; p++)
+                for (int64_t p = p0; p < p1; p++) {
+                    const int64_t first = act ? p : 2 * p, second_tile = act ? p + tiles / 2 : 2 * p + 1;
                     for (int64_t s0 = g0; s0 < g1; s0 += step) {
                         const int64_t s1 = min64(s0 + step, g1), o0 = 2 * p * TILE;
                         uint8_t *second = pair + (s1 - s0) * PAIR_BYTES;
-                        dequantize_tile(bits, codes, scale, minimum, K, tiles, 2 * p, s0, s1, pair);
-                        dequantize_tile(bits, codes, scale, minimum, K, tiles, 2 * p + 1, s0, s1, second);
+                        dequantize_tile(bits, codes, scale, minimum, K, tiles, first, s0, s1, pair);
+                        dequantize_tile(bits, codes, scale, minimum, K, tiles, second_tile, s0, s1, second);
                         for (int64_t r0 = 0; r0 < padded; r0 += 2 * BLOCK) {
                             float *held = sums + r0 * 2 * TILE;  // this block's sums between steps
                             if (s0 == 0) {
@@ -280,13 +322,16 @@ static int chunk_bf16(int bits, const float *x, int gated, int64_t rows, int64_t
                                 _tile_dpbf16ps(2, 5, 6);
                                 _tile_dpbf16ps(3, 5, 7);
                             }
-                            if (s1 == g1) {
-                                block_store(y, rows, N, r0, o0, edge);
-                            } else {
+                            if (s1 < g1) {
                                 BLOCK_TILES(_tile_stored, held, 2 * TILE);
+                            } else if (act) {
+                                store_activation(act, N / 2, r0, p, edge);
+                            } else {
+                                block_store(y, rows, N, r0, o0, edge);
                             }
                         }
                     }
+                }
             }
             _tile_release();
         }
@@ -294,14 +339,24 @@ static int chunk_bf16(int bits, const float *x, int gated, int64_t rows, int64_t
     return failed ? KERNELS_NO_MEMORY : KERNELS_OK;
 }
 
-static int gemm_bf16(int bits, const float *x, int gated, int64_t rows, int64_t K, const void *codes,
-                     const void *scale, const uint16_t *minimum, int64_t N, float *y, int threads) {
+// Rows of x at a time: at least CHUNK_ROWS, or as many as one span of K holds.
+static int64_t chunk_rows(int64_t K) {
+    return max64(CHUNK_ROWS, SPAN_X_BYTES / (K * (int64_t)sizeof(uint16_t)) / (2 * BLOCK) * (2 * BLOCK));
+}
+
+static int64_t padded_rows(int64_t rows) { return (rows + 2 * BLOCK - 1) / (2 * BLOCK) * (2 * BLOCK); }
+
+static int gemm_bf16(int bits, const float *x, int64_t rows, int64_t K, const void *codes, const void *scale,
+                     const uint16_t *minimum, int64_t N, float *y, int threads) {
     if (K % GROUP) return KERNELS_BAD_SHAPE;
-    const int64_t whole_k = SPAN_X_BYTES / (K * (int64_t)sizeof(uint16_t)) / (2 * BLOCK) * (2 * BLOCK);
-    const int64_t chunk = max64(CHUNK_ROWS, whole_k);
+    static _Thread_local Scratch x_scratch;
+    const int64_t chunk = chunk_rows(K);
     for (int64_t r = 0; r < rows; r += chunk) {
-        const int failed = chunk_bf16(bits, x + r * (gated ? 2 * K : K), gated, min64(chunk, rows - r), K, codes,
-                                      scale, minimum, N, y + r * N, threads);
+        const int64_t n = min64(chunk, rows - r), padded = padded_rows(n);
+        uint16_t *xb = scratch_reserve(&x_scratch, sizeof(uint16_t) * (size_t)(padded * K));
+        if (xb == NULL) return KERNELS_NO_MEMORY;
+        lay_out(x + r * K, n, padded, K, xb, threads);
+        const int failed = products(bits, xb, n, padded, K, codes, scale, minimum, N, y + r * N, NULL, threads);
         if (failed) return failed;
     }
     return KERNELS_OK;
@@ -309,22 +364,33 @@ static int gemm_bf16(int bits, const float *x, int gated, int64_t rows, int64_t 
 
 int int4_gemm_bf16(const float *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
                    const uint16_t *minimum, int64_t N, float *y, int threads) {
-    return gemm_bf16(4, x, 0, rows, K, codes, scale, minimum, N, y, threads);
+    return gemm_bf16(4, x, rows, K, codes, scale, minimum, N, y, threads);
 }
 
 int int8_gemm_bf16(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
                    float *y, int threads) {
-    return gemm_bf16(8, x, 0, rows, K, codes, scale, NULL, N, y, threads);
+    return gemm_bf16(8, x, rows, K, codes, scale, NULL, N, y, threads);
 }
 
-int int4_gemm_bf16_swiglu(const float *gate_up, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
-                          const uint16_t *minimum, int64_t N, float *y, int threads) {
-    return gemm_bf16(4, gate_up, 1, rows, K, codes, scale, minimum, N, y, threads);
-}
-
-int int8_gemm_bf16_swiglu(const float *gate_up, int64_t rows, int64_t K, const int8_t *codes, const float *scale,
-                          int64_t N, float *y, int threads) {
-    return gemm_bf16(8, gate_up, 1, rows, K, codes, scale, NULL, N, y, threads);
+int mlp_bf16(const float *x, int64_t rows, int64_t H, const Projection *gate_up, int64_t I, const Projection *down,
+             float *y, int threads) {
+    if (H % GROUP || I % GROUP) return KERNELS_BAD_SHAPE;
+    static _Thread_local Scratch x_scratch, act_scratch;
+    const int64_t chunk = chunk_rows(H);  // gate_up's K in one span: products' `act` takes it so
+    for (int64_t r = 0; r < rows; r += chunk) {
+        const int64_t n = min64(chunk, rows - r), padded = padded_rows(n);
+        uint16_t *xb = scratch_reserve(&x_scratch, sizeof(uint16_t) * (size_t)(padded * H));
+        uint16_t *act = scratch_reserve(&act_scratch, sizeof(uint16_t) * (size_t)(padded * I));
+        if (xb == NULL || act == NULL) return KERNELS_NO_MEMORY;
+        lay_out(x + r * H, n, padded, H, xb, threads);
+        int failed = products(gate_up->bits, xb, n, padded, H, codes_of(gate_up), scale_of(gate_up),
+                              minimum_of(gate_up), 2 * I, NULL, act, threads);
+        if (!failed)
+            failed = products(down->bits, act, n, padded, I, codes_of(down), scale_of(down), minimum_of(down), H,
+                              y + r * H, NULL, threads);
+        if (failed) return failed;
+    }
+    return KERNELS_OK;
 }
 
 #else  // no tile unit: the engine never calls these here
@@ -341,14 +407,10 @@ int int8_gemm_bf16(const float *x, int64_t rows, int64_t K, const int8_t *codes,
     return KERNELS_NO_INSTRUCTIONS;
 }
 
-int int4_gemm_bf16_swiglu(const float *gate_up, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
-                          const uint16_t *minimum, int64_t N, float *y, int threads) {
-    return int4_gemm_bf16(gate_up, rows, K, codes, scale, minimum, N, y, threads);
-}
-
-int int8_gemm_bf16_swiglu(const float *gate_up, int64_t rows, int64_t K, const int8_t *codes, const float *scale,
-                          int64_t N, float *y, int threads) {
-    return int8_gemm_bf16(gate_up, rows, K, codes, scale, N, y, threads);
+int mlp_bf16(const float *x, int64_t rows, int64_t H, const Projection *gate_up, int64_t I, const Projection *down,
+             float *y, int threads) {
+    (void)x, (void)rows, (void)H, (void)gate_up, (void)I, (void)down, (void)y, (void)threads;
+    return KERNELS_NO_INSTRUCTIONS;
 }
 
 #endif

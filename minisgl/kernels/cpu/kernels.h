@@ -36,7 +36,7 @@ typedef struct {
     const float *scale;
 } Int8;
 
-// A projection of decode_layer.c: the weight that `bits` (4 or 8) names is set.
+// A projection of decode_layer.c or mlp_bf16: the weight that `bits` (4 or 8) names is set.
 typedef struct {
     int bits;
     Int4 int4;
@@ -97,12 +97,14 @@ int int8_gemm_bf16(const float *x, int64_t rows, int64_t K, const int8_t *codes,
                    float *y, int threads);
 int int8_gemm_bf16_ref(const float *x, int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N,
                        float *y);
-// The same products of SwiGLU's activation: x = silu(gate) * up (silu_mul's arithmetic) of gate_up [rows, 2K],
-// each row's gate and then its up, rounded to bf16 on its way into the tiles, never written out.
-int int4_gemm_bf16_swiglu(const float *gate_up, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
-                          const uint16_t *minimum, int64_t N, float *y, int threads);
-int int8_gemm_bf16_swiglu(const float *gate_up, int64_t rows, int64_t K, const int8_t *codes, const float *scale,
-                          int64_t N, float *y, int threads);
+// An MLP's prefill rows the same way (bf16_gemm.c): y [rows, H] = down(silu(gate) * up), [gate | up] = x gate_up^T
+// [rows, 2 I] summed on the tile unit and its activation (silu_mul's arithmetic) rounded to bf16 for the down
+// projection's tiles, never written out. Each row the same bits as the two products with the activation
+// written out between them. KERNELS_NO_INSTRUCTIONS but in the amx build.
+int mlp_bf16(const float *x, int64_t rows, int64_t H, const Projection *gate_up, int64_t I, const Projection *down,
+             float *y, int threads);
+int mlp_bf16_ref(const float *x, int64_t rows, int64_t H, const Projection *gate_up, int64_t I, const Projection *down,
+                 float *y);
 
 // The slots and lengths are checked against `slots` (the pool's) and `stride` before anything is written.
 int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,
