@@ -334,10 +334,13 @@ static void stage_head(const void *pool, const int64_t *rows, int64_t n, int64_t
 // while its passes read them; the chunks' partial sums are merged after. A request gets about SPLIT
 // chunks, so that one long request still spreads over the threads, of MIN_CHUNK_BYTES to CHUNK_BYTES of
 // rows (smaller chunks were slower for many short requests with short rows: each task's first keys
-// come in unprefetched; benchmarks.decode_attention). The chunks follow from the model and the request
-// alone, never the batch: a request's sums run in the same order alone as in a batch.
+// come in unprefetched; benchmarks.decode_attention). A group shares only the whole chunks inside its common
+// prompt: 96 KiB is 256 keys of 135M's 384-byte rows, so that 32 requests after a 512-token system prompt
+// share all of it (1.11-1.14x there against 128 KiB's 340 keys; 0.96x for 16 requests of 288 keys, which now
+// take two chunks: docs/benchmarks/session39-spr/attention_chunks.txt). The chunks follow from the model and
+// the request alone, never the batch: a request's sums run in the same order alone as in a batch.
 #define CHUNK_BYTES (256 * 1024)
-#define MIN_CHUNK_BYTES (128 * 1024)
+#define MIN_CHUNK_BYTES (96 * 1024)
 #define SPLIT 8
 static int64_t chunk_keys(int64_t n, int64_t row_bytes) {
     const int64_t most = CHUNK_BYTES / row_bytes, least = MIN_CHUNK_BYTES / row_bytes, wanted = (n + SPLIT - 1) / SPLIT;
