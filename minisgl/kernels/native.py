@@ -246,7 +246,8 @@ def _check_rows(first: int, rows: int, n: int) -> None:
 
 
 def _check_projection(name: str, weight: Int4Buffers | Int8Buffers, n: int) -> int:
-    """A projection (``decode_layer.c``, ``mlp_bf16``) with ``n`` output rows, int4 (three buffers) or int8 (two): its K."""
+    """A projection (``decode_layer.c``, ``mlp_bf16``) with ``n`` output rows, int4 (three buffers) or int8
+    (two): its K."""
     return _check_int4(name, weight, n) if len(weight) == 3 else _check_int8(name, weight, n)
 
 

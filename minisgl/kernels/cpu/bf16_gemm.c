@@ -269,7 +269,7 @@ static void store_activation(uint16_t *act, int64_t I, int64_t r0, int64_t t, fl
 // The products of xb (lay_out's, `padded` rows) with a weight [N, K], y [rows, N] (fp32), its tiles in pairs
 // (2p, 2p + 1). With `act`, the weight is an MLP's gate_up ([gate | up], N = 2 I): the pairs are a tile of
 // gates and the tile of their ups (t, t + I / 16), and the sums leave the tiles as store_activation's
-// activation instead of into y (all of K in one span: the caller's chunk of rows holds it in L2). Each
+// activation instead of into y (all of K in one span, which mlp_bf16's chunks of rows are cut to fit). Each
 // output's sums are the same chain of tile products either way.
 static int products(int bits, const uint16_t *xb, int64_t rows, int64_t padded, int64_t K, const void *codes,
                     const void *scale, const uint16_t *minimum, int64_t N, float *y, uint16_t *act, int threads) {
@@ -377,7 +377,7 @@ int mlp_bf16(const float *x, int64_t rows, int64_t H, const Projection *gate_up,
              float *y, int threads) {
     if (H % GROUP || I % GROUP) return KERNELS_BAD_SHAPE;
     static _Thread_local Scratch x_scratch, act_scratch;
-    const int64_t chunk = chunk_rows(H);  // gate_up's K in one span: products' `act` takes it so
+    const int64_t chunk = chunk_rows(H);  // gate_up's K in one span, as products takes it with `act`
     for (int64_t r = 0; r < rows; r += chunk) {
         const int64_t n = min64(chunk, rows - r), padded = padded_rows(n);
         uint16_t *xb = scratch_reserve(&x_scratch, sizeof(uint16_t) * (size_t)(padded * H));
