@@ -345,10 +345,10 @@ def test_every_layer_product_knows_the_prefill_rows_of_its_pass(monkeypatch: pyt
         return call
 
     layers = [layer.mlp for layer in engine.model.model.layers]
-    fused = [mlp._prefill_mlp for mlp in layers]
-    for mlp, prefill_mlp in zip(layers, fused):
+    fused = [module._prefill_mlp for module in layers]
+    for module, prefill_mlp in zip(layers, fused):
         if prefill_mlp is not None:
-            monkeypatch.setitem(mlp.__dict__, "_prefill_mlp", mlp_spy(prefill_mlp))
+            monkeypatch.setitem(module.__dict__, "_prefill_mlp", mlp_spy(prefill_mlp))
     monkeypatch.setattr(engine, "run_model", recording)
     monkeypatch.setattr(QuantizedWeight, "forward", spy)
     llm.generate([list(range(100, 106)), list(range(200, 240))], SamplingParams(max_tokens=4, ignore_eos=True))
@@ -361,10 +361,10 @@ def test_every_layer_product_knows_the_prefill_rows_of_its_pass(monkeypatch: pyt
         if not prefill:  # a decode pass runs the fused step (none) or products told of none
             assert seen == [0] * len(seen), rows
             continue
-        mlp: list[int | str] = [prefill, prefill]  # gate/up, down
+        in_mlp: list[int | str] = [prefill, prefill]  # gate/up, down
         if fused[0] is not None:
-            mlp = [f"mlp of {prefill}"] + ([0, 0] if prefill < rows else [])
-        assert seen == ([prefill, prefill] + mlp) * len(layers), (rows, prefill)  # qkv, o, the MLP's
+            in_mlp = [f"mlp of {prefill}"] + ([0, 0] if prefill < rows else [])
+        assert seen == ([prefill, prefill] + in_mlp) * len(layers), (rows, prefill)  # qkv, o, the MLP's
 
 
 def test_fused_decode_step_matches_the_layer_by_layer_one(auto_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
