@@ -245,10 +245,10 @@ def _check_rows(first: int, rows: int, n: int) -> None:
         raise ValueError(f"rows {first}..{first + rows} outside the weight's {n}")
 
 
-def _check_projection(name: str, weight: Int4Buffers | Int8Buffers, n: int) -> int:
-    """A projection (``decode_layer.c``, ``mlp_bf16``) with ``n`` output rows, int4 (three buffers) or int8
-    (two): its K."""
-    return _check_int4(name, weight, n) if len(weight) == 3 else _check_int8(name, weight, n)
+def _check_projection(name: str, weight: Int4Buffers | Int8Buffers, n: int, k: int) -> None:
+    """A projection (``decode_layer.c``, ``mlp_bf16``) [n, k], int4 (three buffers) or int8 (two)."""
+    if (_check_int4(name, weight, n) if len(weight) == 3 else _check_int8(name, weight, n)) != k:
+        raise ValueError(f"{name} must be [{n}, {k}]")
 
 
 @dataclass(frozen=True)
@@ -344,6 +344,14 @@ class CpuKernels:
         weight = (self.pointer(codes), self.pointer(scale))
         return self._bind("int8_gemm", n, k, digits, weight, (codes, scale), reference)
 
+    def set_projection(self, field: Any, buffers: Int4Buffers | Int8Buffers) -> None:
+        """A kernels.h ``Projection`` (``field``, a cffi view) pointed at a weight's buffers: int4 with three,
+        int8 with two (checked by ``_check_projection``; the caller keeps the tensors alive)."""
+        if len(buffers) == 3:
+            field.bits, field.int4.codes, field.int4.scale, field.int4.minimum = 4, *map(self.pointer, buffers)
+        else:
+            field.bits, field.int8.codes, field.int8.scale = 8, *map(self.pointer, buffers)
+
     def prefill_mlp(
         self,
         gate_up: Int4Buffers | Int8Buffers,
@@ -357,18 +365,11 @@ class CpuKernels:
         rows) and down [hidden, intermediate] each int4 (three buffers) or int8 (two); into ``out`` where given.
         Each row the same bits as ``int4``/``int8``'s prefill rows through gate_up, ``silu_and_mul`` and down,
         gate_up never written out. With ``reference``, ``mlp_bf16_ref``."""
-        for name, weight, n, k in (
-            ("gate_up", gate_up, 2 * intermediate, hidden),
-            ("down", down, hidden, intermediate),
-        ):
-            if _check_projection(name, weight, n) != k:
-                raise ValueError(f"{name} must be [{n}, {k}]")
+        _check_projection("gate_up", gate_up, 2 * intermediate, hidden)
+        _check_projection("down", down, hidden, intermediate)
         structs = self.ffi.new("Projection[2]")
-        for struct, buffers in zip(structs, (gate_up, down)):
-            if len(buffers) == 3:
-                struct.bits, struct.int4.codes, struct.int4.scale, struct.int4.minimum = 4, *map(self.pointer, buffers)
-            else:
-                struct.bits, struct.int8.codes, struct.int8.scale = 8, *map(self.pointer, buffers)
+        self.set_projection(structs[0], gate_up)
+        self.set_projection(structs[1], down)
         keep = (*gate_up, *down)
 
         def mlp(
@@ -670,9 +671,8 @@ class FusedDecoder:
                 "qkv": (qkv_rows, hidden), "o": (hidden, q_width), "gate_up": (2 * intermediate, hidden),
                 "down": (hidden, intermediate),
             }  # fmt: skip
-            for name, want in shapes.items():
-                if _check_projection(f"layer {i} {name}", getattr(w, name), want[0]) != want[1]:
-                    raise ValueError(f"layer {i} {name} must be [{want[0]}, {want[1]}]")
+            for name, (n, k) in shapes.items():
+                _check_projection(f"layer {i} {name}", getattr(w, name), n, k)
             c = self._layers[i]
             if w.qkv_bias is not None:
                 c.qkv_bias = p(_check(f"layer {i} qkv_bias", w.qkv_bias, (torch.float32,), (qkv_rows,)))
@@ -684,11 +684,7 @@ class FusedDecoder:
             c.layer, c.hidden, c.heads, c.kv_heads, c.head_dim, c.intermediate = i, *self._shape
             c.eps, c.input_norm, c.post_norm = w.eps, p(w.input_norm), p(w.post_norm)
             for name in shapes:
-                field, buffers = getattr(c, name), getattr(w, name)  # field: a view into the struct
-                if len(buffers) == 3:
-                    field.bits, field.int4.codes, field.int4.scale, field.int4.minimum = 4, *map(p, buffers)
-                else:
-                    field.bits, field.int8.codes, field.int8.scale = 8, *map(p, buffers)
+                kernels.set_projection(getattr(c, name), getattr(w, name))  # getattr(c, ...): a view into the struct
         self._scratch = torch.empty(0)
         self._buffer = torch.empty(0)
         self._step = kernels.ffi.new("Step *")  # refilled every step

@@ -9,7 +9,8 @@
 // products). mlp_bf16 runs an MLP's two products: gate_up's sums leave the tiles as SwiGLU's activation,
 // rounded to bf16 and laid out for the down projection's tiles (activation.c's arithmetic: simd.h's
 // vec_silu_mul), so that a prefill pass never writes gate_up (2 x intermediate fp32 a row) out and reads it back
-// (1.20x at 135M and 1.21x at 1.7B on a band of rows: docs/benchmarks/session39-spr/prefill_mlp_ab.txt).
+// (on the 2-core Sapphire Rapids VM: 1.20x at 135M and 1.21x at 1.7B on a band of rows,
+// docs/benchmarks/session39-spr/prefill_mlp_ab.txt).
 //
 // Blocking: the rows of x in chunks (CHUNK_ROWS), each against the whole weight; per chunk, K in spans
 // whose x (the chunk's rows, bf16) stays in L2; per span, each thread takes its pairs of the weight's tiles
@@ -19,8 +20,8 @@
 // registers (2 x 2 blocks of 16 x 16), 2 of x, 2 of the weight. x's tiles are loaded with the streaming
 // hint (tileloaddt1): each is read once per pair, and plain loads would take L1 from the pair, which then
 // could hold only short steps, each step a load and a store of every block's sums (135M's 576-column weights
-// in one step instead of three: 1.12-1.24x; 1.03-1.07x at 1.7B; docs/benchmarks/session39-spr/
-// prefill_products_ab.txt). The sums wait in a buffer of the thread's between steps and in y between spans
+// in one step instead of three; on the 2-core Sapphire Rapids VM 1.12-1.24x, and 1.03-1.07x at 1.7B:
+// docs/benchmarks/session39-spr/prefill_products_ab.txt). The sums wait in a buffer of the thread's between steps and in y between spans
 // (fp32: exact).
 
 #define _GNU_SOURCE  // syscall(): Linux's permission for the tile state (kernels_prepare)

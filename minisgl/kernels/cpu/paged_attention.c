@@ -336,8 +336,9 @@ static void stage_head(const void *pool, const int64_t *rows, int64_t n, int64_t
 // rows (smaller chunks were slower for many short requests with short rows: each task's first keys
 // come in unprefetched; benchmarks.decode_attention). A group shares only the whole chunks inside its common
 // prompt: 96 KiB is 256 keys of 135M's 384-byte rows, so that 32 requests after a 512-token system prompt
-// share all of it (1.11-1.14x there against 128 KiB's 340 keys; 0.96x for 16 requests of 288 keys, which now
-// take two chunks: docs/benchmarks/session39-spr/attention_chunks.txt). The chunks follow from the model and
+// share all of it (on the 2-core Sapphire Rapids VM, amx build: 1.11-1.14x there against 128 KiB's 340 keys;
+// 0.96x for 16 requests of 288 keys, which now take two chunks: docs/benchmarks/session39-spr/
+// attention_chunks.txt). The chunks follow from the model and
 // the request alone, never the batch: a request's sums run in the same order alone as in a batch.
 #define CHUNK_BYTES (256 * 1024)
 #define MIN_CHUNK_BYTES (96 * 1024)
