@@ -66,6 +66,12 @@ static int check_arguments(const int64_t *out_slots, int64_t slots, const int64_
     return KERNELS_OK;
 }
 
+// With a bf16 pool the queries and the softmax weights are rounded to bf16 too, so that each product is
+// of two bf16 values (exact in fp32): AVX-512 BF16's vdpbf16ps multiplies them two to an fp32 lane, with
+// no widening of the pool's values (prefill attention rounds the same way, as vLLM's and llama.cpp's
+// 16-bit attention do). The weights' total is of the unrounded ones.
+static float bf16_products(float x, int bf16) { return bf16 ? float_of_bf16(bf16_of(x)) : x; }
+
 static float read_kv(const void *pool, int64_t at, int bf16) {
     return bf16 ? float_of_bf16(((const uint16_t *)pool)[at]) : ((const float *)pool)[at];
 }
@@ -92,12 +98,13 @@ int paged_decode_attention_ref(const float *q, const float *k, const float *v, c
     }
     int64_t longest = 1;
     for (int64_t b = 0; b < batch; b++) longest = kv_lens[b] > longest ? kv_lens[b] : longest;
-    float *scores = malloc(sizeof(float) * (size_t)longest);
+    float *scores = malloc(sizeof(float) * (size_t)(longest + d));
     if (scores == NULL) return KERNELS_NO_MEMORY;
+    float *qh = scores + longest;
     for (int64_t b = 0; b < batch; b++)
         for (int64_t h = 0; h < heads; h++) {
             const int64_t kv = h / group, n = kv_lens[b];
-            const float *qh = q + (b * heads + h) * d;
+            for (int64_t i = 0; i < d; i++) qh[i] = bf16_products(q[(b * heads + h) * d + i], kv_bf16);
             float top = -INFINITY, total = 0.0f;
             for (int64_t j = 0; j < n; j++) {
                 const int64_t key = (kv_slots[b * stride + j] * kv_heads + kv) * d;
@@ -107,8 +114,9 @@ int paged_decode_attention_ref(const float *q, const float *k, const float *v, c
                 top = fmaxf(top, scores[j]);
             }
             for (int64_t j = 0; j < n; j++) {
-                scores[j] = expf(scores[j] - top);
-                total += scores[j];
+                const float e = expf(scores[j] - top);
+                total += e;
+                scores[j] = bf16_products(e, kv_bf16);
             }
             float *oh = out + (b * heads + h) * d;
             for (int64_t i = 0; i < d; i++) {
@@ -328,6 +336,179 @@ static void stage_head(const void *pool, const int64_t *rows, int64_t n, int64_t
         for (int64_t i = 0; i < d; i += WIDTH) vec_store(to + j * d + i, load_kv(pool, rows[j] + h * d + i, bf16));
     }
 }
+
+// The bf16 products (bf16_products) on AVX-512 BF16: a task's queries rounded once into rows of
+// padded_dim(d) bf16 values (zeros past d), the keys dotted where they lie in the pool, 32 dimensions a
+// vdpbf16ps, each key vector loaded once for QUERIES query rows; the weights rounded to bf16 and the values
+// taken two keys at a time, each dimension's two side by side (interleave_rows), against the pair of the
+// keys' weights. Against the fp32 products this halves the multiplies and drops the widening of every key
+// and value vector.
+static inline int64_t padded_dim(int64_t d) { return (d + 31) / 32 * 32; }
+
+static void round_queries(const float *q, int64_t rows, int64_t d, uint16_t *to) {
+    const int64_t dp = padded_dim(d);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < dp; i += WIDTH)
+            _mm256_storeu_si256((__m256i *)(to + r * dp + i),
+                                i < d ? round_to_bf16_512(vec_load(q + r * d + i)) : _mm256_setzero_si256());
+}
+
+// A row's n weights rounded to bf16, and a zero after an odd count (the pair of the last key).
+static void round_weights(const float *weights, int64_t n, uint16_t *to) {
+    int64_t j = 0;
+    for (; j + WIDTH <= n; j += WIDTH) _mm256_storeu_si256((__m256i *)(to + j), round_to_bf16_512(vec_load(weights + j)));
+    for (; j < n; j++) to[j] = bf16_of(weights[j]);
+    if (n % 2) to[n] = 0;
+}
+
+// A pair of a row's bf16 weights (keys j, j + 1; j even) in every 32-bit lane.
+BF16 static inline __m512bh weight_pair(const uint16_t *weights) {
+    int32_t pair;
+    memcpy(&pair, weights, sizeof pair);
+    return (__m512bh)_mm512_set1_epi32(pair);
+}
+
+// dot_keys for `blocks` x KEYS keys, bf16 queries (`q`: nq rows of padded_dim(d)).
+BF16 static inline __attribute__((always_inline)) void dot_keys_bf16(const int nq, const uint16_t *q,
+                                                                    const uint16_t *pool, const int64_t *rows,
+                                                                    int64_t offset, int64_t d, float scale,
+                                                                    float *out, int64_t out_stride, int64_t blocks) {
+    const int64_t dp = padded_dim(d);
+    for (int64_t j = 0; j < blocks * KEYS; j += KEYS) {
+        __m512 acc[QUERIES][KEYS];
+        for (int a = 0; a < nq; a++)
+            for (int u = 0; u < KEYS; u++) acc[a][u] = vec_zero();
+        for (int64_t i = 0; i < d; i += 32) {
+            const __mmask32 in = d - i >= 32 ? 0xFFFFFFFFu : 0xFFFFu;
+            __m512bh x[QUERIES];
+            for (int a = 0; a < nq; a++) x[a] = (__m512bh)_mm512_loadu_si512(q + a * dp + i);
+            for (int u = 0; u < KEYS; u++) {
+                const __m512bh key = (__m512bh)_mm512_maskz_loadu_epi16(in, pool + rows[j + u] + offset + i);
+                for (int a = 0; a < nq; a++) acc[a][u] = _mm512_dpbf16_ps(acc[a][u], x[a], key);
+            }
+        }
+        for (int a = 0; a < nq; a++)
+            _mm_storeu_ps(out + a * out_stride + j,
+                          _mm_mul_ps(sum4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]), _mm_set1_ps(scale)));
+    }
+}
+
+typedef void (*DotKeysBf16)(const uint16_t *, const uint16_t *, const int64_t *, int64_t, int64_t, float, float *,
+                            int64_t, int64_t);
+#define DOT_KEYS_BF16(NQ)                                                                                         \
+    BF16 static void dot_keys_bf16_##NQ(const uint16_t *q, const uint16_t *pool, const int64_t *rows,           \
+                                        int64_t offset, int64_t d, float scale, float *out, int64_t out_stride, \
+                                        int64_t blocks) {                                                       \
+        dot_keys_bf16(NQ, q, pool, rows, offset, d, scale, out, out_stride, blocks);                              \
+    }
+DOT_KEYS_BF16(1)
+DOT_KEYS_BF16(2)
+DOT_KEYS_BF16(3)
+DOT_KEYS_BF16(4)
+static const DotKeysBf16 dot_keys_bf16_of[QUERIES + 1] = {NULL, dot_keys_bf16_1, dot_keys_bf16_2, dot_keys_bf16_3,
+                                                          dot_keys_bf16_4};
+
+// add_values with bf16 products: `pairs` pairs of keys (`keys` of them, 2 x pairs or one fewer: the last
+// one's pair is zeros), weights[r * ck + 2p ..] the pair of row r.
+BF16 static inline __attribute__((always_inline)) void add_values_bf16(const int pairs, const int chunks,
+                                                                      const uint16_t *weights, int64_t ck,
+                                                                      int64_t group, int64_t kv_heads,
+                                                                      const uint16_t *pool, const int64_t *rows,
+                                                                      int64_t keys, int64_t i, int64_t d,
+                                                                      float *sums) {
+    for (int64_t h = 0; h < kv_heads; h++) {
+        __m512bh value[KEYS / 2][CHUNKS];
+        for (int p = 0; p < pairs; p++)
+            for (int c = 0; c < chunks; c++) {
+                const uint16_t *at = pool + h * d + i + c * WIDTH;
+                const __m256i first = _mm256_loadu_si256((const __m256i *)(at + rows[2 * p]));
+                const __m256i second =
+                    2 * p + 1 < keys ? _mm256_loadu_si256((const __m256i *)(at + rows[2 * p + 1])) : _mm256_setzero_si256();
+                value[p][c] = (__m512bh)interleave_rows(first, second);
+            }
+        for (int64_t a = 0; a < group; a++) {
+            const int64_t r = h * group + a;
+            __m512bh weight[KEYS / 2];
+            for (int p = 0; p < pairs; p++) weight[p] = weight_pair(weights + r * ck + 2 * p);
+            for (int c = 0; c < chunks; c++) {
+                float *at = sums + r * d + i + c * WIDTH;
+                __m512 acc = vec_load(at);
+                for (int p = 0; p < pairs; p++) acc = _mm512_dpbf16_ps(acc, weight[p], value[p][c]);
+                vec_store(at, acc);
+            }
+        }
+    }
+}
+
+BF16 static void add_values_bf16_block(const uint16_t *weights, int64_t ck, int64_t group, int64_t kv_heads,
+                                       const uint16_t *pool, const int64_t *rows, int64_t i, int64_t d, float *sums) {
+    add_values_bf16(KEYS / 2, CHUNKS, weights, ck, group, kv_heads, pool, rows, KEYS, i, d, sums);
+}
+
+// Fewer than KEYS keys or CHUNKS vectors of dimensions: the same sums, a pair and a vector at a time.
+BF16 static void add_values_bf16_tail(int64_t keys, int64_t chunks, const uint16_t *weights, int64_t ck,
+                                      int64_t group, int64_t kv_heads, const uint16_t *pool, const int64_t *rows,
+                                      int64_t i, int64_t d, float *sums) {
+    for (int64_t u = 0; u < keys; u += 2)
+        for (int64_t c = 0; c < chunks; c++)
+            add_values_bf16(1, 1, weights + u, ck, group, kv_heads, pool, rows + u, keys - u, i + c * WIDTH, d, sums);
+}
+
+// Head h's values of the n rows, each pair of keys' interleaved (interleave_rows), (n + 1) / 2 pairs x 2d
+// from `to`; the first head's pass asks for the keys' and the values' rows ahead whole, as stage_head's.
+static void stage_value_pairs(const uint16_t *k_pool, const uint16_t *v_pool, const int64_t *rows, int64_t n,
+                              int64_t h, int64_t heads, int64_t d, uint16_t *to) {
+    for (int64_t j = 0; j < n; j += 2) {
+        if (h == 0)
+            for (int64_t w = j + AHEAD; w < j + AHEAD + 2 && w < n; w++) {
+                prefetch_kv(k_pool, rows[w], heads * d, 1);
+                prefetch_kv(v_pool, rows[w], heads * d, 1);
+            }
+        const uint16_t *first = v_pool + rows[j] + h * d, *second = v_pool + rows[j + 1 < n ? j + 1 : j] + h * d;
+        for (int64_t i = 0; i < d; i += WIDTH) {
+            const __m256i low = _mm256_loadu_si256((const __m256i *)(first + i));
+            const __m256i high = j + 1 < n ? _mm256_loadu_si256((const __m256i *)(second + i)) : _mm256_setzero_si256();
+            _mm512_storeu_si512(to + (j / 2 * d + i) * 2, interleave_rows(low, high));
+        }
+    }
+}
+
+// add_staged_values with bf16 products: `pairs` staged pairs (stage_value_pairs), weights[a * ck + 2m ..].
+BF16 static inline __attribute__((always_inline)) void add_staged_bf16(const int nr, const uint16_t *weights,
+                                                                      int64_t ck, const uint16_t *values,
+                                                                      int64_t pairs, int64_t d, float *sums) {
+    for (int64_t i = 0; i < d; i += CHUNKS * WIDTH) {
+        const int64_t chunks = (d - i) / WIDTH < CHUNKS ? (d - i) / WIDTH : CHUNKS;
+        __m512 acc[QUERIES][CHUNKS];
+        for (int a = 0; a < nr; a++)
+            for (int c = 0; c < CHUNKS; c++) acc[a][c] = vec_zero();
+        for (int64_t m = 0; m < pairs; m++) {
+            __m512bh value[CHUNKS];
+            for (int c = 0; c < CHUNKS; c++)
+                value[c] = (__m512bh)(c < chunks ? _mm512_loadu_si512(values + (m * d + i + c * WIDTH) * 2)
+                                                 : _mm512_setzero_si512());
+            for (int a = 0; a < nr; a++) {
+                const __m512bh weight = weight_pair(weights + a * ck + 2 * m);
+                for (int c = 0; c < CHUNKS; c++) acc[a][c] = _mm512_dpbf16_ps(acc[a][c], weight, value[c]);
+            }
+        }
+        for (int a = 0; a < nr; a++)
+            for (int c = 0; c < chunks; c++) vec_store(sums + a * d + i + c * WIDTH, acc[a][c]);
+    }
+}
+
+typedef void (*AddStagedBf16)(const uint16_t *, int64_t, const uint16_t *, int64_t, int64_t, float *);
+#define ADD_STAGED_BF16(NR)                                                                                    \
+    BF16 static void add_staged_bf16_##NR(const uint16_t *weights, int64_t ck, const uint16_t *values,       \
+                                          int64_t pairs, int64_t d, float *sums) {                          \
+        add_staged_bf16(NR, weights, ck, values, pairs, d, sums);                                           \
+    }
+ADD_STAGED_BF16(1)
+ADD_STAGED_BF16(2)
+ADD_STAGED_BF16(3)
+ADD_STAGED_BF16(4)
+static const AddStagedBf16 add_staged_bf16_of[QUERIES + 1] = {NULL, add_staged_bf16_1, add_staged_bf16_2,
+                                                              add_staged_bf16_3, add_staged_bf16_4};
 #endif  // KERNELS_AVX512
 
 // A task is a chunk of a request's keys, whole rows (every KV head) of each. A chunk's rows stay in L2
@@ -400,6 +581,159 @@ static void store_kv(void *pool, int64_t at, const float *x, int64_t count, int 
     }
     for (int64_t i = 0; i < count; i += WIDTH) store_bf16((uint16_t *)pool + at + i, vec_load(x + i));
 }
+
+// A task: the n keys of a chunk (rows: each one's pool offset at the task's first KV head, padded to a whole
+// block of KEYS with key 0's), per_task KV heads of rows_per_head query rows each, ck apart in the scores;
+// each row's unnormalised sums, largest score and total into sums, top and total.
+typedef struct {
+    const void *k_pool, *v_pool;
+    const int64_t *rows;
+    int64_t n, ck, per_task, rows_per_head, d;
+    float scale;
+    float *sums, *top, *total;
+} Task;
+
+// A thread's buffers: scores ([rows of a task, widest]), staged keys and values ([widest, d] each, fp32; the
+// AVX-512 builds stage), rounded queries ([rows, d padded to 32]), row offsets and staged keys' offsets
+// ([widest] each), and bf16 weights ([rows, widest]).
+typedef struct {
+    float *scores, *staged_keys, *staged_values, *queries;
+    int64_t *rows, *staged_rows;
+    uint16_t *weights;
+} Buffers;
+
+// Rows r0 .. r1's softmax numerators over their n scores in place (rounded to bf16 for bf16 products), and
+// each row's largest score and total (of the unrounded numerators).
+static void weigh_rows(float *scores, int64_t ck, int64_t r0, int64_t r1, int64_t n, int rounded, float *top,
+                       float *total) {
+    for (int64_t r = r0; r < r1; r++) {
+        float *row = scores + r * ck;
+        top[r] = largest(row, n);
+        total[r] = exponentiate(row, n, top[r]);
+        if (rounded)
+            for (int64_t j = 0; j < n; j++) row[j] = bf16_products(row[j], 1);
+    }
+}
+
+// A task in fp32 arithmetic (queries `q`, rounded to bf16 already where kv_bf16: bf16_products).
+static void attend_fp32(const Task *t, const float *q, int kv_bf16, const Buffers *buf) {
+    const int64_t n = t->n, ck = t->ck, d = t->d, per_task = t->per_task, rows_per_head = t->rows_per_head;
+    const int64_t keys = (n + KEYS - 1) / KEYS * KEYS, task_rows = per_task * rows_per_head;
+    const int64_t *rows = t->rows;
+    float *scores = buf->scores, *sums = t->sums;
+#if defined(KERNELS_AVX512)
+    if (rows_per_head >= STAGED_ROWS) {
+        // A KV head at a time: its keys and values staged, then its rows' scores, weights and sums.
+        for (int64_t j = 0; j < keys; j++) buf->staged_rows[j] = (j < n ? j : 0) * d;
+        for (int64_t h = 0; h < per_task; h++) {
+            stage_head(t->k_pool, rows, n, h, per_task, d, kv_bf16, buf->staged_keys);
+            stage_head(t->v_pool, rows, n, h, per_task, d, kv_bf16, buf->staged_values);
+            for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
+                const int64_t nq = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
+                const int64_t r = h * rows_per_head + g;
+                dot_key_runs_of[nq](q + r * d, buf->staged_keys, buf->staged_rows, 0, d, 0, t->scale, scores + r * ck,
+                                    ck, keys / KEYS);
+            }
+            weigh_rows(scores, ck, h * rows_per_head, (h + 1) * rows_per_head, n, kv_bf16, t->top, t->total);
+            for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
+                const int64_t nr = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
+                const int64_t r = h * rows_per_head + g;
+                add_staged_of[nr](scores + r * ck, ck, buf->staged_values, n, d, sums + r * d);
+            }
+        }
+        return;
+    }
+#endif
+    // Keys: KEYS keys' rows, head after head. The keys AHEAD further are asked for a head at a time, spread
+    // over the pass, with their values for the pass over them that follows.
+    for (int64_t j = 0; j < keys; j += KEYS) {
+        for (int64_t h = 0; h < per_task; h++) {
+            for (int64_t w = j + AHEAD; w < j + AHEAD + KEYS && w < n; w++) {
+                prefetch_kv(t->k_pool, rows[w] + h * d, d, kv_bf16);
+                prefetch_kv(t->v_pool, rows[w] + h * d, d, kv_bf16);
+            }
+            for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
+                const int64_t nq = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
+                const int64_t r = h * rows_per_head + g;
+                dot_keys_of[nq](q + r * d, t->k_pool, rows + j, h * d, d, kv_bf16, t->scale, scores + r * ck + j, ck);
+            }
+        }
+    }
+    weigh_rows(scores, ck, 0, task_rows, n, kv_bf16, t->top, t->total);
+    // Values: KEYS keys' rows at a time, CHUNKS vectors of dimensions of every head a pass.
+    memset(sums, 0, sizeof(float) * (size_t)(task_rows * d));
+    for (int64_t j = 0; j < n; j += KEYS) {
+        const int64_t block = n - j < KEYS ? n - j : KEYS;
+        for (int64_t i = 0; i < d; i += CHUNKS * WIDTH) {
+            const int64_t chunks = (d - i) / WIDTH < CHUNKS ? (d - i) / WIDTH : CHUNKS;
+            if (block == KEYS && chunks == CHUNKS)
+                add_values_block(scores + j, ck, rows_per_head, per_task, t->v_pool, rows + j, i, kv_bf16, d, sums);
+            else
+                add_values_tail(block, chunks, scores + j, ck, rows_per_head, per_task, t->v_pool, rows + j, i,
+                                kv_bf16, d, sums);
+        }
+    }
+}
+
+#if defined(KERNELS_AVX512)
+// A task with bf16 products (queries `q`: round_queries'), laid out as attend_fp32's: a KV head at a time
+// where it has STAGED_ROWS query rows a head, its values staged in pairs once for them all (its keys need no
+// widening, and are dotted from the pool); else KEYS keys' rows at a time, head after head.
+BF16 static void attend_bf16(const Task *t, const uint16_t *q, const Buffers *buf) {
+    const int64_t n = t->n, ck = t->ck, d = t->d, per_task = t->per_task, rows_per_head = t->rows_per_head;
+    const int64_t keys = (n + KEYS - 1) / KEYS * KEYS, task_rows = per_task * rows_per_head, dp = padded_dim(d);
+    const uint16_t *k_pool = t->k_pool, *v_pool = t->v_pool;
+    const int64_t *rows = t->rows;
+    float *scores = buf->scores, *sums = t->sums;
+    uint16_t *weights = buf->weights, *staged = (uint16_t *)buf->staged_keys;
+    if (rows_per_head >= STAGED_ROWS) {
+        for (int64_t h = 0; h < per_task; h++) {
+            stage_value_pairs(k_pool, v_pool, rows, n, h, per_task, d, staged);
+            for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
+                const int64_t nq = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
+                const int64_t r = h * rows_per_head + g;
+                dot_keys_bf16_of[nq](q + r * dp, k_pool, rows, h * d, d, t->scale, scores + r * ck, ck, keys / KEYS);
+            }
+            weigh_rows(scores, ck, h * rows_per_head, (h + 1) * rows_per_head, n, 0, t->top, t->total);
+            for (int64_t r = h * rows_per_head; r < (h + 1) * rows_per_head; r++)
+                round_weights(scores + r * ck, n, weights + r * ck);
+            for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
+                const int64_t nr = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
+                const int64_t r = h * rows_per_head + g;
+                add_staged_bf16_of[nr](weights + r * ck, ck, staged, (n + 1) / 2, d, sums + r * d);
+            }
+        }
+        return;
+    }
+    for (int64_t j = 0; j < keys; j += KEYS) {
+        for (int64_t h = 0; h < per_task; h++) {
+            for (int64_t w = j + AHEAD; w < j + AHEAD + KEYS && w < n; w++) {
+                prefetch_kv(k_pool, rows[w] + h * d, d, 1);
+                prefetch_kv(v_pool, rows[w] + h * d, d, 1);
+            }
+            for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
+                const int64_t nq = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
+                const int64_t r = h * rows_per_head + g;
+                dot_keys_bf16_of[nq](q + r * dp, k_pool, rows + j, h * d, d, t->scale, scores + r * ck + j, ck, 1);
+            }
+        }
+    }
+    weigh_rows(scores, ck, 0, task_rows, n, 0, t->top, t->total);
+    for (int64_t r = 0; r < task_rows; r++) round_weights(scores + r * ck, n, weights + r * ck);
+    memset(sums, 0, sizeof(float) * (size_t)(task_rows * d));
+    for (int64_t j = 0; j < n; j += KEYS) {
+        const int64_t block = n - j < KEYS ? n - j : KEYS;
+        for (int64_t i = 0; i < d; i += CHUNKS * WIDTH) {
+            const int64_t chunks = (d - i) / WIDTH < CHUNKS ? (d - i) / WIDTH : CHUNKS;
+            if (block == KEYS && chunks == CHUNKS)
+                add_values_bf16_block(weights + j, ck, rows_per_head, per_task, v_pool, rows + j, i, d, sums);
+            else
+                add_values_bf16_tail(block, chunks, weights + j, ck, rows_per_head, per_task, v_pool, rows + j, i, d,
+                                     sums);
+        }
+    }
+}
+#endif
 
 // A request's chunking, and its group: requests whose keys begin with the same slots (a prefix the
 // radix cache holds once, such as a system prompt) and that cut them into chunks of the same size.
@@ -528,24 +862,32 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
                    sizeof(float) * (size_t)(group * d));
     }
     const int64_t max_task_rows = per_task * max_width * group;
+#if defined(KERNELS_AVX512)
+    const int bf16_dots = kv_bf16 && has_avx512_bf16();
+#endif
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        // Each thread's scores ([rows of a task, widest]), row offsets ([widest]) and staged keys' offsets
-        // ([widest]), then a KV head's staged keys and values ([widest, d] each; the AVX-512 builds stage), kept
-        // for its next call.
+        // Each thread's buffers (Buffers), in one allocation kept for its next call.
         static _Thread_local Scratch scratch;
-        float *scores = scratch_reserve(&scratch, (sizeof(float) * (size_t)(max_task_rows + STAGED_PER_KEY(d)) +
-                                                   2 * sizeof(int64_t)) * (size_t)widest);
+        const int64_t score_floats = max_task_rows * widest, staged_floats = STAGED_PER_KEY(d) * widest;
+        const int64_t query_floats = max_task_rows * ((d + 31) / 32 * 32);
+        float *scores = scratch_reserve(&scratch, sizeof(float) * (size_t)(score_floats + staged_floats + query_floats) +
+                                                      sizeof(int64_t) * (size_t)(2 * widest) +
+                                                      sizeof(uint16_t) * (size_t)score_floats);
         if (scores == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
-        int64_t *rows = (int64_t *)(scores + max_task_rows * widest);
-#if defined(KERNELS_AVX512)
-        int64_t *staged_rows = rows + widest;
-        float *staged_keys = (float *)(staged_rows + widest), *staged_values = staged_keys + widest * d;
-#endif
+        Buffers buffers = {.scores = scores};
+        if (scores != NULL) {
+            buffers.staged_keys = scores + score_floats;
+            buffers.staged_values = buffers.staged_keys + staged_floats / 2;
+            buffers.queries = buffers.staged_keys + staged_floats;
+            buffers.rows = (int64_t *)(buffers.queries + query_floats);
+            buffers.staged_rows = buffers.rows + widest;
+            buffers.weights = (uint16_t *)(buffers.staged_rows + widest);
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; t++) {
             if (scores == NULL) continue;
@@ -555,72 +897,25 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
             const int64_t keys = (n + KEYS - 1) / KEYS * KEYS;  // a last partial block dots the chunk's key 0 again
             const int64_t first = t % blocks * per_task;         // its first KV head
             const int64_t rows_per_head = u->width * group, task_rows = per_task * rows_per_head;
-            const int64_t *slots = kv_slots + b * stride + start;
             const float *qt = u->width > 1 ? group_queries + (req[b].queries + first * rows_per_head) * d
                                            : q + (b * heads + first * group) * d;
             const int64_t at = u->row0 + t % blocks * task_rows;
             float *sums = partial + at * d, *top = tops + at, *total = totals + at;
-            for (int64_t j = 0; j < keys; j++) rows[j] = slots[j < n ? j : 0] * row + first * d;
+            const int64_t *slots = kv_slots + b * stride + start;
+            for (int64_t j = 0; j < keys; j++) buffers.rows[j] = slots[j < n ? j : 0] * row + first * d;
+            const Task task = {k_pool, v_pool, buffers.rows, n, ck, per_task, rows_per_head, d, scale, sums, top, total};
 #if defined(KERNELS_AVX512)
-            if (rows_per_head >= STAGED_ROWS) {
-                // A KV head at a time: its keys and values staged, then its rows' scores, weights and sums.
-                for (int64_t j = 0; j < keys; j++) staged_rows[j] = (j < n ? j : 0) * d;
-                for (int64_t h = 0; h < per_task; h++) {
-                    stage_head(k_pool, rows, n, h, per_task, d, kv_bf16, staged_keys);
-                    stage_head(v_pool, rows, n, h, per_task, d, kv_bf16, staged_values);
-                    for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
-                        const int64_t nq = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
-                        const int64_t r = h * rows_per_head + g;
-                        dot_key_runs_of[nq](qt + r * d, staged_keys, staged_rows, 0, d, 0, scale, scores + r * ck, ck,
-                                            keys / KEYS);
-                    }
-                    for (int64_t r = h * rows_per_head; r < (h + 1) * rows_per_head; r++) {
-                        top[r] = largest(scores + r * ck, n);
-                        total[r] = exponentiate(scores + r * ck, n, top[r]);
-                    }
-                    for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
-                        const int64_t nr = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
-                        const int64_t r = h * rows_per_head + g;
-                        add_staged_of[nr](scores + r * ck, ck, staged_values, n, d, sums + r * d);
-                    }
-                }
+            if (bf16_dots) {
+                round_queries(qt, task_rows, d, (uint16_t *)buffers.queries);
+                attend_bf16(&task, (const uint16_t *)buffers.queries, &buffers);
             } else
 #endif
             {
-                // Keys: KEYS keys' rows, head after head. The keys AHEAD further are asked for a head at a
-                // time, spread over the pass, with their values for the pass over them that follows.
-                for (int64_t j = 0; j < keys; j += KEYS) {
-                    for (int64_t h = 0; h < per_task; h++) {
-                        for (int64_t w = j + AHEAD; w < j + AHEAD + KEYS && w < n; w++) {
-                            prefetch_kv(k_pool, rows[w] + h * d, d, kv_bf16);
-                            prefetch_kv(v_pool, rows[w] + h * d, d, kv_bf16);
-                        }
-                        for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
-                            const int64_t nq = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
-                            const int64_t r = h * rows_per_head + g;
-                            dot_keys_of[nq](qt + r * d, k_pool, rows + j, h * d, d, kv_bf16, scale,
-                                            scores + r * ck + j, ck);
-                        }
-                    }
+                if (kv_bf16) {  // the bf16 products' queries, in fp32
+                    for (int64_t e = 0; e < task_rows * d; e++) buffers.queries[e] = bf16_products(qt[e], 1);
+                    qt = buffers.queries;
                 }
-                for (int64_t r = 0; r < task_rows; r++) {
-                    top[r] = largest(scores + r * ck, n);
-                    total[r] = exponentiate(scores + r * ck, n, top[r]);
-                }
-                // Values: KEYS keys' rows at a time, CHUNKS vectors of dimensions of every head a pass.
-                memset(sums, 0, sizeof(float) * (size_t)(task_rows * d));
-                for (int64_t j = 0; j < n; j += KEYS) {
-                    const int64_t block = n - j < KEYS ? n - j : KEYS;
-                    for (int64_t i = 0; i < d; i += CHUNKS * WIDTH) {
-                        const int64_t chunks = (d - i) / WIDTH < CHUNKS ? (d - i) / WIDTH : CHUNKS;
-                        if (block == KEYS && chunks == CHUNKS)
-                            add_values_block(scores + j, ck, rows_per_head, per_task, v_pool, rows + j, i, kv_bf16,
-                                             d, sums);
-                        else
-                            add_values_tail(block, chunks, scores + j, ck, rows_per_head, per_task, v_pool, rows + j,
-                                            i, kv_bf16, d, sums);
-                    }
-                }
+                attend_fp32(&task, qt, kv_bf16, &buffers);
             }
             if (u->width == 1 && req[b].parts == 1) {  // the request's only chunk: its sums over its totals
                 float *o = out + (b * heads + first * group) * d;

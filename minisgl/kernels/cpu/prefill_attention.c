@@ -86,16 +86,13 @@ int prefill_attention_ref(const float *q, int64_t q_stride, int64_t tokens, int6
 
 #if defined(KERNELS_AVX512)
 
-#define BF16 __attribute__((target("avx512bf16,avx512dq")))
 #define ROWS 8       // query rows of a block: with two key vectors, 16 accumulators
 #define KEYS 32      // keys per step of the scores (two vectors), and the padding of every key count
 #define CHUNKS 4     // value vectors (16 dimensions each) a row's weighted sum holds at once
 #define ROW_GROUP 4  // rows whose weighted sums run together: ROW_GROUP x CHUNKS accumulators
 #define PACKED_BYTES (16 << 20)  // the packed keys and values of a round of heads, at most (one head at least)
 
-int prefill_attention_runs(void) {
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512dq");
-}
+int prefill_attention_runs(void) { return has_avx512_bf16(); }
 
 static inline int64_t padded(int64_t n) { return (n + KEYS - 1) / KEYS * KEYS; }
 
@@ -106,9 +103,6 @@ static inline int64_t padded(int64_t n) { return (n + KEYS - 1) / KEYS * KEYS; }
 BF16 static void pack_pair(const uint16_t *k_pool, const uint16_t *v_pool, const int64_t *slots, int64_t kv_heads,
                            int64_t h0, int64_t h1, int64_t d, int64_t n, int64_t j, int64_t ld, uint16_t *keys,
                            uint16_t *values) {
-    static const uint16_t interleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                            8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i order = _mm512_loadu_si512(interleave);
     for (int64_t h = h0; h < h1; h++) {
         const uint16_t *key[2], *value[2];
         for (int u = 0; u < 2; u++) {
@@ -129,8 +123,7 @@ BF16 static void pack_pair(const uint16_t *k_pool, const uint16_t *v_pool, const
             const __m256i first = j < n ? _mm256_loadu_si256((const __m256i *)(value[0] + i)) : _mm256_setzero_si256();
             const __m256i second =
                 j + 1 < n ? _mm256_loadu_si256((const __m256i *)(value[1] + i)) : _mm256_setzero_si256();
-            const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);
-            _mm512_storeu_si512(pair + 2 * i, _mm512_permutexvar_epi16(order, both));
+            _mm512_storeu_si512(pair + 2 * i, interleave_rows(first, second));
         }
     }
 }

@@ -138,6 +138,23 @@ static inline float float_of_fp16(uint16_t h) {
 }
 
 #if defined(KERNELS_AVX512)
+// The bf16 dot products (vdpbf16ps: two bf16 products added to each fp32 lane) are not in the avx512 build's
+// flags: the functions that use them take this attribute and run only where has_avx512_bf16().
+#define BF16 __attribute__((target("avx512bf16,avx512dq")))
+
+static inline int has_avx512_bf16(void) {
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512dq");
+}
+
+// 16 bf16 values of each of two rows, each dimension's two side by side (first's, then second's): the pairs
+// vdpbf16ps multiplies by a pair of weights, one per row.
+static inline __m512i interleave_rows(__m256i first, __m256i second) {
+    static const uint16_t order[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);
+    return _mm512_permutexvar_epi16(_mm512_loadu_si512(order), both);
+}
+
 static inline __m256i round_to_bf16_512(__m512 v) {
     const __m512i bits = _mm512_castps_si512(v);
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
