@@ -61,16 +61,22 @@ def kernels_at(commit: str, variant: str) -> CpuKernels:
 
 
 def builds_to_compare(doc: str) -> tuple[CpuKernels, CpuKernels]:
-    """An A/B script's start (``doc``: its help): ``--base COMMIT`` parsed, that commit's amx build and the
-    working tree's loaded, and a header printed with the machine, its AMX flags, the threads and the load
-    average. Returns (the commit's build, the working tree's)."""
+    """An A/B script's start (``doc``: its help): ``--base COMMIT`` and ``--variant`` (default: this CPU's best
+    build) parsed, that commit's build and the working tree's loaded, and a header printed with the machine, its
+    AMX flags, the threads and the load average. Returns (the commit's build, the working tree's)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, help="the commit whose kernel sources are the baseline")
-    commit = parser.parse_args().base
-    base, new = kernels_at(commit, "amx"), load_variant("amx")
+    parser.add_argument("--variant", help="the build to compare (default: the one this CPU runs)")
+    args = parser.parse_args()
+    variant = args.variant
+    if variant is None:
+        host = resolve_kernels("c")  # raises where no build runs here
+        assert host is not None
+        variant = host.variant.name
+    base, new = kernels_at(args.base, variant), load_variant(variant)
     threads, amx = torch.get_num_threads(), " ".join(sorted(f for f in cpu_flags() if f.startswith("amx")))
-    print(f"# {machine_info(threads)['cpu']}, AMX: {amx or 'none'}; {threads} threads; the amx build "
-          f"({new.variant.description}) of {commit} against the working tree's; load average {load_average()}")  # fmt: skip
+    print(f"# {machine_info(threads)['cpu']}, AMX: {amx or 'none'}; {threads} threads; the {variant} build "
+          f"({new.variant.description}) of {args.base} against the working tree's; load average {load_average()}")  # fmt: skip
     return base, new
 
 

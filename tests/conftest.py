@@ -11,7 +11,14 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from minisgl import LLM
-from minisgl.kernels.native import CpuKernels, c_compiler, cpu_paths, load_variant, resolve_kernels
+from minisgl.kernels.native import (
+    CpuKernels,
+    c_compiler,
+    cpu_paths,
+    decode_attention_products,
+    load_variant,
+    resolve_kernels,
+)
 from minisgl.kernels.variants import VARIANTS, cpu_flags, host_variants
 from minisgl.models.gguf import default_model_path
 
@@ -68,8 +75,11 @@ def hf_greedy(model: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Which CPU paths this host ran (the C kernels, oneDNN's bf16 instructions): the tests of each
     path run where the host can execute it and skip, saying why, where it cannot."""
-    for path, code in cpu_paths(resolve_kernels("auto")).items():
+    kernels = resolve_kernels("auto")
+    for path, code in cpu_paths(kernels).items():
         terminalreporter.write_line(f"minisgl quantized products, {path}: {code}")
+    products = decode_attention_products(kernels)
+    terminalreporter.write_line(f"minisgl decode attention's products over a bf16 KV pool: {products}")
     runnable = ", ".join(v.name for v in host_variants(cpu_flags())) or "none"
     passed = [report.nodeid for report in terminalreporter.stats.get("passed", [])]
     tested = [v.name for v in VARIANTS if any(re.search(rf"[\[-]{v.name}[\]-]", nodeid) for nodeid in passed)]

@@ -123,8 +123,8 @@ def test_decode_strategies_match_reference(
 @pytest.mark.parametrize("c_kernels, strategy", [(True, PagedDecode), (False, SdpaDecode)])
 def test_decode_with_fp32_queries_reads_a_bf16_pool(c_kernels: bool, strategy: type) -> None:
     """A quantized model's 16-bit KV pool under fp32 queries: the C kernel reads the pool's bf16 values in
-    place and multiplies them by queries and softmax weights rounded to bf16 (sums in fp32), torch's
-    strategies cast what they gather to fp32; the new K/V are stored rounded."""
+    place (multiplying them by queries and softmax weights rounded to bf16 where decode_attention_bf16),
+    torch's strategies cast what they gather to fp32; the new K/V are stored rounded."""
     kernels = choose_kernels(c_kernels)
     g = torch.Generator().manual_seed(1)
     pool = random_pool(torch.bfloat16, g)
@@ -141,7 +141,7 @@ def test_decode_with_fp32_queries_reads_a_bf16_pool(c_kernels: bool, strategy: t
     assert torch.equal(pool.v[0][batch.out_slots], new_v.bfloat16())
     for i, n in enumerate(lens):
         slots = table[i, :n]
-        if c_kernels:  # exact attention of the rounded queries; the weights' bf16 rounding
+        if kernels is not None and kernels.decode_attention_bf16:  # the rounded queries'; the weights' rounding
             expected = reference(q[i].bfloat16().float(), pool.k[0][slots].float(), pool.v[0][slots].float())
             torch.testing.assert_close(out[i], expected, rtol=1e-2, atol=5e-3)
         else:

@@ -523,6 +523,13 @@ class CpuKernels:
             self.raise_for("store_new_kv", self.lib.store_new_kv(*args, torch.get_num_threads()))
 
     @cached_property
+    def decode_attention_bf16(self) -> bool:
+        """Whether this library's decode attention over a bf16 pool multiplies in bf16 on this CPU (queries and
+        softmax weights rounded to bf16, as prefill attention's), else fp32: where it issues vdpbf16ps as fast as
+        fp32 fmas."""
+        return bool(self.lib.decode_attention_bf16())
+
+    @cached_property
     def runs_prefill_attention(self) -> bool:
         """Whether this library's prefill attention runs on this CPU (AVX-512 BF16)."""
         return bool(self.lib.prefill_attention_runs())
@@ -734,6 +741,14 @@ class FusedDecoder:
         failed = kernels.lib.decode_layers(self._layers, count, step, p(x), p(residual), p(out), p(self._buffer))
         kernels.raise_for(f"decode_layers {self._shape}", failed)
         return out, residual
+
+
+def decode_attention_products(kernels: CpuKernels | None) -> str:
+    """The products of decode attention over a bf16 KV pool with ``kernels`` on this host, in words (the
+    start-up log, the test suite's header, the benchmarks' headers)."""
+    if kernels is None:
+        return "fp32 (torch's SDPA over a gathered copy)"
+    return "bf16 on AVX-512 BF16 (minisgl C kernels)" if kernels.decode_attention_bf16 else "fp32 (minisgl C kernels)"
 
 
 def cpu_paths(kernels: CpuKernels | None) -> dict[str, str]:

@@ -1,25 +1,19 @@
-"""Session 40: decode attention (``paged_attention.c``) with bf16 products against a commit's fp32 products, one
-process, the host's best build without a tile unit (``avx512``, or ``--variant``): the read rate of the distinct K
-and V rows per case (``benchmarks.decode_attention.rates``, 3 rounds each, two passes over the builds, medians).
+"""Session 40: decode attention (``paged_attention.c``) of a commit's build against the working tree's, one
+process (``benchmarks.many_rows.builds_to_compare``: this CPU's build unless ``--variant``): the read rate of
+the distinct K and V rows per case (``benchmarks.decode_attention.rates``, 3 rounds each, two passes over the
+builds, medians). Against 70babd1 on a CPU where ``decode_attention_bf16`` (AMD's Zen 4): fp32 products against
+bf16 ones.
 
-    PYTHONPATH=. python docs/benchmarks/session40-amd/decode_attention_ab.py [--base 70babd1] [--variant avx512]
+    PYTHONPATH=. python docs/benchmarks/session40-amd/decode_attention_ab.py --base 70babd1
 """
 
 from __future__ import annotations
 
-import argparse
-import io
 import statistics
-import subprocess
-import tarfile
-import tempfile
-from pathlib import Path
-
-import torch
 
 from benchmarks.decode_attention import rates
-from benchmarks.machine import load_average, machine_info
-from minisgl.kernels.native import SOURCE_DIR, CpuKernels, load_sources
+from benchmarks.machine import load_average
+from benchmarks.many_rows import builds_to_compare
 
 # (name, query heads, KV heads, head dim, requests, keys each, of them shared by all)
 CASES = [
@@ -33,38 +27,18 @@ CASES = [
 ]
 
 
-def commit_sources(commit: str) -> Path:
-    """The kernel sources of ``commit``, in a fresh directory."""
-    root = Path(tempfile.mkdtemp())
-    archive = subprocess.run(
-        ["git", "archive", commit, "minisgl/kernels/cpu"], check=True, capture_output=True, cwd=SOURCE_DIR.parents[2]
-    ).stdout
-    tarfile.open(fileobj=io.BytesIO(archive)).extractall(root, filter="data")
-    return root / "minisgl" / "kernels" / "cpu"
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", default="70babd1")
-    parser.add_argument("--variant", default="avx512")
-    args = parser.parse_args()
-    print(f"# machine: {machine_info(torch.get_num_threads())['cpu']}, {torch.get_num_threads()} threads")
-    print(f"# the {args.variant} build of {args.base} (fp32 products) against the working tree's (bf16 products)")
-    print(f"# load average at start: {load_average()}")
-    builds: dict[str, CpuKernels] = {
-        args.base: load_sources(args.variant, commit_sources(args.base)),
-        "bf16": load_sources(args.variant, SOURCE_DIR),
-    }
-    print("| case | " + " | ".join(f"{name} GB/s" for name in builds) + " |")
-    print("|---|" + "---|" * len(builds))
+    base, new = builds_to_compare(__doc__)
+    print(f"# the working tree's products over a bf16 pool: {'bf16' if new.decode_attention_bf16 else 'fp32'}")
+    print("| case | base GB/s | new GB/s | speed-up |")
+    print("|---|---|---|---|")
     for name, *shape in CASES:
-        measured: dict[str, list[float]] = {b: [] for b in builds}
+        measured: dict[str, list[float]] = {"base": [], "new": []}
         for _ in range(2):
-            for build, kernels in builds.items():
+            for build, kernels in (("base", base), ("new", new)):
                 measured[build] += [kernel for kernel, _ in rates(kernels, *shape, 3)]
-        first = statistics.median(measured[args.base])
-        cells = [f"{statistics.median(m):.1f} ({statistics.median(m) / first:.2f}x)" for m in measured.values()]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        before, after = statistics.median(measured["base"]), statistics.median(measured["new"])
+        print(f"| {name} | {before:.1f} | {after:.1f} | {after / before:.2f}x |")
     print(f"# load average at end: {load_average()}")
 
 

@@ -106,7 +106,10 @@ int mlp_bf16(const float *x, int64_t rows, int64_t H, const Projection *gate_up,
 int mlp_bf16_ref(const float *x, int64_t rows, int64_t H, const Projection *gate_up, int64_t I, const Projection *down,
                  float *y);
 
-// The slots and lengths are checked against `slots` (the pool's) and `stride` before anything is written.
+// The slots and lengths are checked against `slots` (the pool's) and `stride` before anything is written. With a
+// bf16 pool (kv_bf16) the products are bf16 by bf16 where decode_attention_bf16() (the queries and softmax weights
+// rounded to bf16, sums in fp32; the reference likewise), else fp32.
+int decode_attention_bf16(void);
 int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,
                            void *v_pool, int64_t slots, int kv_bf16, const int64_t *kv_slots, int64_t stride,
                            const int64_t *kv_lens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t d,

@@ -1,6 +1,8 @@
 // Decode attention read in place from the paged KV pool (fp32 or bf16), one query token per
 // request, after storing the new tokens' keys and values at their slots (rounded to bf16 for a bf16
-// pool, as torch's cast rounds). Queries, scores and sums are fp32 either way.
+// pool, as torch's cast rounds). Scores and sums are fp32. The products are fp32 too, but for a bf16 pool
+// where decode_attention_bf16(): there the queries and softmax weights are rounded to bf16 and multiplied by the
+// pool's values on vdpbf16ps (bf16_products, attend_bf16), without widening them.
 //
 // The torch path gathers every request's K and V into a padded copy per layer, then runs SDPA: at
 // one request the gather, the views and the call cost ~60 us a layer, several times the
@@ -66,11 +68,21 @@ static int check_arguments(const int64_t *out_slots, int64_t slots, const int64_
     return KERNELS_OK;
 }
 
-// With a bf16 pool the queries and the softmax weights are rounded to bf16 too, so that each product is
-// of two bf16 values (exact in fp32): AVX-512 BF16's vdpbf16ps multiplies them two to an fp32 lane, with
-// no widening of the pool's values (prefill attention rounds the same way, as vLLM's and llama.cpp's
-// 16-bit attention do). The weights' total is of the unrounded ones.
+// Where decode_attention_bf16() (kernels.h), a bf16 pool's keys and values are multiplied by queries and
+// softmax weights rounded to bf16 (each product of two bf16 values, exact in fp32), as prefill attention
+// does and as vLLM's and llama.cpp's 16-bit attention do; the weights' total is of the unrounded ones.
 static float bf16_products(float x, int bf16) { return bf16 ? float_of_bf16(bf16_of(x)) : x; }
+
+// vdpbf16ps does twice an fp32 fma's multiplies, at the same rate where AMD's cores (Zen 4 and later) issue it
+// (3.6 G a second of either on the 2-core EPYC VM: docs/benchmarks/session40-amd/notes.md). Sapphire Rapids
+// issues a quarter as many as fmas (session 32): fp32 products there, and in the builds without AVX-512.
+int decode_attention_bf16(void) {
+#if defined(KERNELS_AVX512)
+    return has_avx512_bf16() && __builtin_cpu_is("amd");
+#else
+    return 0;
+#endif
+}
 
 static float read_kv(const void *pool, int64_t at, int bf16) {
     return bf16 ? float_of_bf16(((const uint16_t *)pool)[at]) : ((const float *)pool)[at];
@@ -101,10 +113,11 @@ int paged_decode_attention_ref(const float *q, const float *k, const float *v, c
     float *scores = malloc(sizeof(float) * (size_t)(longest + d));
     if (scores == NULL) return KERNELS_NO_MEMORY;
     float *qh = scores + longest;
+    const int rounded = kv_bf16 && decode_attention_bf16();
     for (int64_t b = 0; b < batch; b++)
         for (int64_t h = 0; h < heads; h++) {
             const int64_t kv = h / group, n = kv_lens[b];
-            for (int64_t i = 0; i < d; i++) qh[i] = bf16_products(q[(b * heads + h) * d + i], kv_bf16);
+            for (int64_t i = 0; i < d; i++) qh[i] = bf16_products(q[(b * heads + h) * d + i], rounded);
             float top = -INFINITY, total = 0.0f;
             for (int64_t j = 0; j < n; j++) {
                 const int64_t key = (kv_slots[b * stride + j] * kv_heads + kv) * d;
@@ -116,7 +129,7 @@ int paged_decode_attention_ref(const float *q, const float *k, const float *v, c
             for (int64_t j = 0; j < n; j++) {
                 const float e = expf(scores[j] - top);
                 total += e;
-                scores[j] = bf16_products(e, kv_bf16);
+                scores[j] = bf16_products(e, rounded);
             }
             float *oh = out + (b * heads + h) * d;
             for (int64_t i = 0; i < d; i++) {
@@ -594,28 +607,23 @@ typedef struct {
 } Task;
 
 // A thread's buffers: scores ([rows of a task, widest]), staged keys and values ([widest, d] each, fp32; the
-// AVX-512 builds stage), rounded queries ([rows, d padded to 32]), row offsets and staged keys' offsets
-// ([widest] each), and bf16 weights ([rows, widest]).
+// AVX-512 builds stage), row offsets and staged keys' offsets ([widest] each), and for bf16 products the
+// rounded queries ([rows, padded_dim(d)]) and weights ([rows, widest]).
 typedef struct {
-    float *scores, *staged_keys, *staged_values, *queries;
+    float *scores, *staged_keys, *staged_values;
     int64_t *rows, *staged_rows;
-    uint16_t *weights;
+    uint16_t *queries, *weights;
 } Buffers;
 
-// Rows r0 .. r1's softmax numerators over their n scores in place (rounded to bf16 for bf16 products), and
-// each row's largest score and total (of the unrounded numerators).
-static void weigh_rows(float *scores, int64_t ck, int64_t r0, int64_t r1, int64_t n, int rounded, float *top,
-                       float *total) {
+// Rows r0 .. r1's softmax numerators over their n scores in place, and each row's largest score and total.
+static void weigh_rows(float *scores, int64_t ck, int64_t r0, int64_t r1, int64_t n, float *top, float *total) {
     for (int64_t r = r0; r < r1; r++) {
-        float *row = scores + r * ck;
-        top[r] = largest(row, n);
-        total[r] = exponentiate(row, n, top[r]);
-        if (rounded)
-            for (int64_t j = 0; j < n; j++) row[j] = bf16_products(row[j], 1);
+        top[r] = largest(scores + r * ck, n);
+        total[r] = exponentiate(scores + r * ck, n, top[r]);
     }
 }
 
-// A task in fp32 arithmetic (queries `q`, rounded to bf16 already where kv_bf16: bf16_products).
+// A task with fp32 products.
 static void attend_fp32(const Task *t, const float *q, int kv_bf16, const Buffers *buf) {
     const int64_t n = t->n, ck = t->ck, d = t->d, per_task = t->per_task, rows_per_head = t->rows_per_head;
     const int64_t keys = (n + KEYS - 1) / KEYS * KEYS, task_rows = per_task * rows_per_head;
@@ -634,7 +642,7 @@ static void attend_fp32(const Task *t, const float *q, int kv_bf16, const Buffer
                 dot_key_runs_of[nq](q + r * d, buf->staged_keys, buf->staged_rows, 0, d, 0, t->scale, scores + r * ck,
                                     ck, keys / KEYS);
             }
-            weigh_rows(scores, ck, h * rows_per_head, (h + 1) * rows_per_head, n, kv_bf16, t->top, t->total);
+            weigh_rows(scores, ck, h * rows_per_head, (h + 1) * rows_per_head, n, t->top, t->total);
             for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
                 const int64_t nr = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
                 const int64_t r = h * rows_per_head + g;
@@ -659,7 +667,7 @@ static void attend_fp32(const Task *t, const float *q, int kv_bf16, const Buffer
             }
         }
     }
-    weigh_rows(scores, ck, 0, task_rows, n, kv_bf16, t->top, t->total);
+    weigh_rows(scores, ck, 0, task_rows, n, t->top, t->total);
     // Values: KEYS keys' rows at a time, CHUNKS vectors of dimensions of every head a pass.
     memset(sums, 0, sizeof(float) * (size_t)(task_rows * d));
     for (int64_t j = 0; j < n; j += KEYS) {
@@ -694,7 +702,7 @@ BF16 static void attend_bf16(const Task *t, const uint16_t *q, const Buffers *bu
                 const int64_t r = h * rows_per_head + g;
                 dot_keys_bf16_of[nq](q + r * dp, k_pool, rows, h * d, d, t->scale, scores + r * ck, ck, keys / KEYS);
             }
-            weigh_rows(scores, ck, h * rows_per_head, (h + 1) * rows_per_head, n, 0, t->top, t->total);
+            weigh_rows(scores, ck, h * rows_per_head, (h + 1) * rows_per_head, n, t->top, t->total);
             for (int64_t r = h * rows_per_head; r < (h + 1) * rows_per_head; r++)
                 round_weights(scores + r * ck, n, weights + r * ck);
             for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
@@ -718,7 +726,7 @@ BF16 static void attend_bf16(const Task *t, const uint16_t *q, const Buffers *bu
             }
         }
     }
-    weigh_rows(scores, ck, 0, task_rows, n, 0, t->top, t->total);
+    weigh_rows(scores, ck, 0, task_rows, n, t->top, t->total);
     for (int64_t r = 0; r < task_rows; r++) round_weights(scores + r * ck, n, weights + r * ck);
     memset(sums, 0, sizeof(float) * (size_t)(task_rows * d));
     for (int64_t j = 0; j < n; j += KEYS) {
@@ -863,7 +871,7 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
     }
     const int64_t max_task_rows = per_task * max_width * group;
 #if defined(KERNELS_AVX512)
-    const int bf16_dots = kv_bf16 && has_avx512_bf16();
+    const int bf16_dots = kv_bf16 && decode_attention_bf16();
 #endif
     int failed = 0;
 #pragma omp parallel num_threads(threads)
@@ -871,10 +879,10 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
         // Each thread's buffers (Buffers), in one allocation kept for its next call.
         static _Thread_local Scratch scratch;
         const int64_t score_floats = max_task_rows * widest, staged_floats = STAGED_PER_KEY(d) * widest;
-        const int64_t query_floats = max_task_rows * ((d + 31) / 32 * 32);
-        float *scores = scratch_reserve(&scratch, sizeof(float) * (size_t)(score_floats + staged_floats + query_floats) +
+        const int64_t query_values = max_task_rows * ((d + 31) / 32 * 32);
+        float *scores = scratch_reserve(&scratch, sizeof(float) * (size_t)(score_floats + staged_floats) +
                                                       sizeof(int64_t) * (size_t)(2 * widest) +
-                                                      sizeof(uint16_t) * (size_t)score_floats);
+                                                      sizeof(uint16_t) * (size_t)(query_values + score_floats));
         if (scores == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -883,10 +891,10 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
         if (scores != NULL) {
             buffers.staged_keys = scores + score_floats;
             buffers.staged_values = buffers.staged_keys + staged_floats / 2;
-            buffers.queries = buffers.staged_keys + staged_floats;
-            buffers.rows = (int64_t *)(buffers.queries + query_floats);
+            buffers.rows = (int64_t *)(buffers.staged_keys + staged_floats);
             buffers.staged_rows = buffers.rows + widest;
-            buffers.weights = (uint16_t *)(buffers.staged_rows + widest);
+            buffers.queries = (uint16_t *)(buffers.staged_rows + widest);
+            buffers.weights = buffers.queries + query_values;
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; t++) {
@@ -906,17 +914,11 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
             const Task task = {k_pool, v_pool, buffers.rows, n, ck, per_task, rows_per_head, d, scale, sums, top, total};
 #if defined(KERNELS_AVX512)
             if (bf16_dots) {
-                round_queries(qt, task_rows, d, (uint16_t *)buffers.queries);
-                attend_bf16(&task, (const uint16_t *)buffers.queries, &buffers);
+                round_queries(qt, task_rows, d, buffers.queries);
+                attend_bf16(&task, buffers.queries, &buffers);
             } else
 #endif
-            {
-                if (kv_bf16) {  // the bf16 products' queries, in fp32
-                    for (int64_t e = 0; e < task_rows * d; e++) buffers.queries[e] = bf16_products(qt[e], 1);
-                    qt = buffers.queries;
-                }
                 attend_fp32(&task, qt, kv_bf16, &buffers);
-            }
             if (u->width == 1 && req[b].parts == 1) {  // the request's only chunk: its sums over its totals
                 float *o = out + (b * heads + first * group) * d;
                 for (int64_t r = 0; r < task_rows; r++) {

@@ -284,4 +284,18 @@ static inline __m128 sum4(VecF a, VecF b, VecF c, VecF d) {
     const VecF abcd = vec_add(low, high);
     return vec_fold128(abcd);
 }
+
+// The largest lanes of four vectors, in that order: sum4's shuffles, with max in place of add.
+static inline __m128 max4(VecF a, VecF b, VecF c, VecF d) {
+    const VecF ab = vec_max(vec_unpacklo(a, b), vec_unpackhi(a, b));
+    const VecF cd = vec_max(vec_unpacklo(c, d), vec_unpackhi(c, d));
+    const VecF abcd = vec_max(vec_shuffle(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)), vec_shuffle(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+#if defined(KERNELS_AVX512)
+    const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1));
+    const __m256 half = _mm256_max_ps(_mm512_castps512_ps256(abcd), high);
+#else
+    const __m256 half = abcd;
+#endif
+    return _mm_max_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
 #endif
