@@ -3,7 +3,9 @@
 
 - ``PagedDecode``: fp32 queries on CPU with the engine's C kernels: keys and values read in place
   from the pool (fp32 or bf16) (``minisgl/kernels/cpu/paged_attention.c``), no gathered copy; the
-  kernel finds the requests that share a run of slots itself and reads each shared chunk once.
+  kernel finds the requests that share a run of slots itself and reads each shared chunk once. Over a
+  bf16 pool its products are bf16 where ``CpuKernels.decode_attention_bf16`` (queries and softmax
+  weights rounded), else fp32.
 - ``SdpaDecode``: one SDPA call (fp32 on CPU without the C kernels, and CUDA).
 - ``MatmulDecode``: bf16/fp16 queries on CPU, two matmuls and a softmax; SDPA's GQA path ran 7-14x slower
   on 32 x 64 to 8 x 2000 decode shapes (it copies K/V per query head, then a slow bf16 kernel).

@@ -5,7 +5,8 @@
   prefill runs the same loops as a GEMM. torch's CPU kernels for them take bf16 activations.
 - ``bf16_gemm.c``: the amx build's products of prefill rows: x and the dequantized weight in bf16 on
   AMX-BF16's tile products, as vLLM's and llama.cpp's CPU prefill run.
-- ``paged_attention.c``: decode attention read in place from the KV pool, no gathered copy.
+- ``paged_attention.c``: decode attention read in place from the KV pool, no gathered copy (over a bf16
+  pool in bf16 products where the CPU issues them as fast as fp32 fmas: ``decode_attention_bf16``).
 - ``prefill_attention.c``: an extend pass's causal attention over a bf16 pool, in bf16 products
   (AVX-512 BF16; elsewhere torch's SDPA runs it).
 - ``rms_norm.c``: RMSNorm (after a residual add) in one call instead of torch's seven ops.
