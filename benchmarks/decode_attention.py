@@ -30,6 +30,7 @@ POOL_BYTES = 128 << 20
 CASES = [
     ("135M, one long prompt", 9, 3, 64, 1, 2000, 0),
     ("135M, 16 requests", 9, 3, 64, 16, 500, 0),
+    ("135M, 16 requests of 288 (the random burst's)", 9, 3, 64, 16, 288, 0),
     ("135M, 32 requests after a shared 512", 9, 3, 64, 32, 560, 512),
     ("1.7B, one long prompt", 32, 32, 64, 1, 2000, 0),
     ("1.7B, 16 requests", 32, 32, 64, 16, 545, 0),

@@ -1,7 +1,7 @@
 """Session 40: decode attention (``paged_attention.c``) of a commit's build against the working tree's, one
 process (``benchmarks.many_rows.builds_to_compare``: this CPU's build unless ``--variant``): the read rate of
-the distinct K and V rows per case (``benchmarks.decode_attention.rates``, 3 rounds each, two passes over the
-builds, medians). Against 70babd1 on a CPU where ``decode_attention_bf16`` (AMD's Zen 4): fp32 products against
+the distinct K and V rows per case (``benchmarks.decode_attention``'s cases and ``rates``, 3 rounds each, two
+passes over the builds, medians). Against 70babd1 on a CPU where ``decode_attention_bf16`` (AMD's Zen 4): fp32 products against
 bf16 ones.
 
     PYTHONPATH=. python docs/benchmarks/session40-amd/decode_attention_ab.py --base 70babd1
@@ -11,20 +11,9 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.decode_attention import rates
+from benchmarks.decode_attention import CASES, rates
 from benchmarks.machine import load_average
 from benchmarks.many_rows import builds_to_compare
-
-# (name, query heads, KV heads, head dim, requests, keys each, of them shared by all)
-CASES = [
-    ("135M, random burst: 16 x 288 keys", 9, 3, 64, 16, 288, 0),
-    ("135M, shared burst: 32 x 560 keys after a shared 512", 9, 3, 64, 32, 560, 512),
-    ("135M, 16 x 500 keys", 9, 3, 64, 16, 500, 0),
-    ("135M, one long prompt: 1 x 2000 keys", 9, 3, 64, 1, 2000, 0),
-    ("1.7B, 16 x 545 after a shared 512", 32, 32, 64, 16, 545, 512),
-    ("1.7B, 16 x 545", 32, 32, 64, 16, 545, 0),
-    ("1.7B, one long prompt: 1 x 2000 keys", 32, 32, 64, 1, 2000, 0),
-]
 
 
 def main() -> None:

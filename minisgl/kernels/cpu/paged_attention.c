@@ -607,8 +607,9 @@ typedef struct {
 } Task;
 
 // A thread's buffers: scores ([rows of a task, widest]), staged keys and values ([widest, d] each, fp32; the
-// AVX-512 builds stage), row offsets and staged keys' offsets ([widest] each), and for bf16 products the
-// rounded queries ([rows, padded_dim(d)]) and weights ([rows, widest]).
+// AVX-512 builds stage; bf16 products stage their value pairs in the keys' part), row offsets and staged keys'
+// offsets ([widest] each), and for bf16 products the rounded queries ([rows, padded_dim(d)]) and weights
+// ([rows, widest]).
 typedef struct {
     float *scores, *staged_keys, *staged_values;
     int64_t *rows, *staged_rows;
