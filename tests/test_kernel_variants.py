@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from minisgl.config import EngineConfig
 from minisgl.kernels import native
-from minisgl.kernels.native import CpuKernels, LayerWeights, resolve_kernels
+from minisgl.kernels.native import CpuKernels, LayerWeights, RoundedRows, resolve_kernels
 from minisgl.kernels.variants import VARIANTS, host_variants
 from minisgl.kvcache.pool import KVPool
 from minisgl.layers.quant import Int4Weight, Int8Weight
@@ -158,9 +158,9 @@ def rounded_per_group(x: torch.Tensor, digits: int) -> torch.Tensor:
 
 # One tile part-filled (1, 37, 100, 21 rows); past 1,024 columns (32 groups) many rows of x are summed
 # in spans of groups, and past 256 (8) a few rows' two vectors of a tile take turns (256-bit builds);
-# 96 columns: an odd number of groups.
+# 96 columns: an odd number of groups; 270 rows: 17 tiles, with two threads in blocks of 4 and 5 tiles.
 @pytest.mark.parametrize("digits", [1, 2])
-@pytest.mark.parametrize("n, k", [(1, 64), (37, 96), (100, 576), (21, 2048 + 64)])
+@pytest.mark.parametrize("n, k", [(1, 64), (37, 96), (100, 576), (21, 2048 + 64), (270, 64)])
 def test_int4_product_is_its_reference_bit_for_bit(kernels: CpuKernels, n: int, k: int, digits: int) -> None:
     g = torch.Generator().manual_seed(n + k)
     weight = Int4Weight.quantize(torch.randn(n, k, generator=g))
@@ -599,6 +599,47 @@ def test_silu_and_mul_is_torch_swiglu_within_rounding(kernels: CpuKernels, rows:
     gate, up = gate_up.chunk(2, dim=-1)
     expected = F.silu(gate) * up
     torch.testing.assert_close(kernels.silu_and_mul(gate_up), expected, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows, n", [(1, 64), (17, 576), (70, 96)])
+def test_rounded_rows_of_the_norm_and_swiglu_give_the_products_of_their_fp32_rows(
+    kernels: CpuKernels, rows: int, n: int
+) -> None:
+    """rms_norm_rounded (with the residual added first and without) and silu_mul_rounded hand the int4 and
+    int8 products the bits they would round from rms_norm's and silu_mul's fp32 rows, on one thread's share of
+    rows and on more (70: a band from row 16 too); the sum with the residual is rms_norm's."""
+    g = torch.Generator().manual_seed(rows + n)
+    x, delta, weight = torch.randn(rows, n, generator=g) * 3, torch.randn(rows, n, generator=g), torch.rand(n) + 0.5
+    gate_up = torch.randn(rows, 2 * n, generator=g) * 4
+    int4 = Int4Weight.quantize(torch.randn(40, n, generator=g))
+    int8 = Int8Weight.quantize(torch.randn(33, n, generator=g))
+    products = (kernels.int4(int4.codes, int4.scale, int4.minimum, 40), kernels.int8(int8.codes, int8.scale, 33))
+    normed, total = kernels.rms_norm(x, weight, 1e-5, delta)
+    rounded, rounded_total = kernels.rms_norm_rounded(x, weight, 1e-5, delta)
+    assert torch.equal(rounded_total, total)
+    pairs = [(normed, rounded), (kernels.rms_norm(x, weight, 1e-5)[0], kernels.rms_norm_rounded(x, weight, 1e-5)[0]),
+             (kernels.silu_and_mul(gate_up), kernels.silu_and_mul_rounded(gate_up))]  # fmt: skip
+    for fp32, rows_rounded in pairs:
+        assert len(rows_rounded) == rows
+        for product in products:
+            assert torch.equal(product(rows_rounded), product(fp32))
+            if rows > 32:
+                assert torch.equal(product(rows_rounded[16:48]), product(fp32[16:48]))
+
+
+def test_rounded_rows_refuse_what_the_products_cannot_read(kernels: CpuKernels) -> None:
+    rounded = kernels.rms_norm_rounded(torch.randn(40, 64), torch.ones(64), 1e-5)[0]
+    with pytest.raises(ValueError, match="multiple of 16"):
+        rounded[8:24]
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kernels.rms_norm_rounded(torch.randn(3, 40), torch.ones(40), 1e-5)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kernels.silu_and_mul_rounded(torch.randn(3, 80))
+    weight = Int4Weight.quantize(torch.randn(16, 64))
+    with pytest.raises(ValueError, match="one-digit"):
+        kernels.int4(weight.codes, weight.scale, weight.minimum, 16, digits=2)(rounded)
+    with pytest.raises(ValueError, match="x.codes"):
+        kernels.int4(weight.codes, weight.scale, weight.minimum, 16)(RoundedRows.empty(4, 96))
 
 
 @pytest.mark.parametrize("rows, n", [(1, 8), (37, 576 + 5), (3, 2048)])

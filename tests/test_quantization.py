@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -377,6 +378,39 @@ def test_fused_decode_step_matches_the_layer_by_layer_one(auto_llm: LLM, monkeyp
     assert_fused_matches_layers(auto_llm, monkeypatch, steps=1)
 
 
+def test_norms_and_swiglu_hand_their_rows_rounded_to_the_products(
+    auto_llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the tile unit's prefill path, a prefill pass's norms and SwiGLU round their rows for the
+    integer products themselves (``RoundedRows``), and its logits are the bits of the same pass with fp32 rows
+    that each product rounds."""
+    engine, kernels = auto_llm.scheduler.engine, auto_llm.scheduler.engine.model.kernels
+    if kernels is None or kernels.bf16_prefill:
+        pytest.skip("prefill rows take the tile unit's bf16 path here, from fp32 rows")
+    run_model, logits = engine.run_model, []
+
+    def recording(batch: Batch) -> torch.Tensor:
+        out = run_model(batch)
+        logits.append(out.clone())
+        return out
+
+    def prefill() -> torch.Tensor:
+        logits.clear()
+        auto_llm.flush_cache()
+        auto_llm.generate([[5, 9, 200, 17, 33] * 20, [7, 7, 81, 4] * 30], SamplingParams(max_tokens=1), use_tqdm=False)
+        return logits[0]
+
+    monkeypatch.setattr(engine, "run_model", recording)
+    norm = mock.patch.object(kernels, "rms_norm_rounded", wraps=kernels.rms_norm_rounded)
+    swiglu = mock.patch.object(kernels, "silu_and_mul_rounded", wraps=kernels.silu_and_mul_rounded)
+    with norm as norms, swiglu as swiglus:
+        rounded = prefill()
+    layers = len(engine.model.model.layers)
+    assert (norms.call_count, swiglus.call_count) == (2 * layers, layers)
+    monkeypatch.setattr(QuantizedWeight, "takes_rounded", lambda self, prefill_rows: False)
+    assert torch.equal(prefill(), rounded)
+
+
 def test_fused_decode_rounds_every_projection_to_one_digit(auto_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fused step rounds x to one digit in every projection, as the layers' products do: its first
     decode step is far closer to the layer-by-layer one (the same bits here) than to that one with
@@ -416,6 +450,7 @@ def test_fused_decode_rounds_every_projection_to_one_digit(auto_llm: LLM, monkey
         return forward(self, x, prefill_rows) if product is None else product(x.contiguous())
 
     monkeypatch.setattr(QuantizedWeight, "forward", decode_at_two_digits)
+    monkeypatch.setattr(QuantizedWeight, "takes_rounded", lambda self, prefill_rows: False)  # fp32 rows to round twice
     two_digit = first_step()
     assert (fused - layers).abs().max() * 10 < (fused - two_digit).abs().max()
     auto_llm.scheduler.check_accounting()

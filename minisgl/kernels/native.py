@@ -9,7 +9,8 @@
   pool in bf16 products where the CPU issues them as fast as fp32 fmas: ``decode_attention_bf16``).
 - ``prefill_attention.c``: an extend pass's causal attention over a bf16 pool, in bf16 products
   (AVX-512 BF16; elsewhere torch's SDPA runs it).
-- ``rms_norm.c``: RMSNorm (after a residual add) in one call instead of torch's seven ops.
+- ``rms_norm.c``: RMSNorm (after a residual add) in one call instead of torch's seven ops; also with its
+  output rounded as the products round their rows (``RoundedRows``), as ``activation.c``'s SwiGLU too.
 - ``rotary.c``: RoPE, with torch's roundings, for ``decode_layer.c``.
 - ``gguf_tiles.c``: a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks written into those tiles, for the loader.
 - ``decode_layer.c``: a whole decode step through int4 Llama layers, the kernels above chained in C
@@ -53,13 +54,52 @@ SOURCE_DIR = Path(__file__).parent / "cpu"
 HEADER = SOURCE_DIR / "kernels.h"
 
 
+ROUNDED_ROW_BLOCK = 16  # the amx build's tile loads read a RoundedRows' codes this many rows at a time
+
+
+@dataclass(frozen=True)
+class RoundedRows:
+    """Rows of x rounded as the quantized products round theirs (one int8 digit per group of 32 columns,
+    quant_gemm.c) by the layer that computed them (``CpuKernels.rms_norm_rounded``, ``silu_and_mul_rounded``),
+    instead of written out in fp32 and read back by the product to round: the product reads a quarter of
+    the bytes. ``codes`` [rows, K] int8 in a buffer of a multiple of ``ROUNDED_ROW_BLOCK`` rows; per row and
+    group ``step`` and ``sum`` fp32 and ``total`` int32 (kernels.h's int4_gemm_rounded)."""
+
+    codes: torch.Tensor
+    step: torch.Tensor
+    total: torch.Tensor
+    sum: torch.Tensor
+
+    @staticmethod
+    def empty(rows: int, k: int) -> RoundedRows:
+        padded = -(-rows // ROUNDED_ROW_BLOCK) * ROUNDED_ROW_BLOCK
+        groups = k // 32
+        codes = torch.empty(padded, k, dtype=torch.int8)[:rows]
+        total = torch.empty(rows, groups, dtype=torch.int32)
+        return RoundedRows(codes, torch.empty(rows, groups), total, torch.empty(rows, groups))
+
+    def __len__(self) -> int:
+        return self.step.shape[0]
+
+    def __getitem__(self, rows: slice) -> RoundedRows:
+        """Rows ``start:stop`` (``start`` a multiple of ROUNDED_ROW_BLOCK: the codes stay readable to a
+        multiple of it)."""
+        start, stop, stride = rows.indices(len(self))
+        if stride != 1 or start % ROUNDED_ROW_BLOCK:
+            raise ValueError(f"rows of RoundedRows start at a multiple of {ROUNDED_ROW_BLOCK}, one by one; got {rows}")
+        return RoundedRows(self.codes[start:stop], self.step[start:stop], self.total[start:stop], self.sum[start:stop])
+
+
 class Matmul(Protocol):
     """A quantized weight's product: x [rows, K] fp32 → [rows, N] fp32, x rounded to the int8 digits the
-    product was bound with (quant_gemm.c); where the library has a tile unit's path for prefill tokens
-    (``CpuKernels.bf16_prefill``), the first ``prefill_rows`` rows take it instead (bf16_gemm.c). The
-    product is written into ``out`` where given (a contiguous fp32 [rows, N]), else into a new tensor."""
+    product was bound with (quant_gemm.c), or already rounded (``RoundedRows``; one digit); where the
+    library has a tile unit's path for prefill tokens (``CpuKernels.bf16_prefill``), the first
+    ``prefill_rows`` rows of fp32 x take it instead (bf16_gemm.c). The product is written into ``out``
+    where given (a contiguous fp32 [rows, N]), else into a new tensor."""
 
-    def __call__(self, x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None) -> torch.Tensor: ...
+    def __call__(
+        self, x: torch.Tensor | RoundedRows, prefill_rows: int = 0, out: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
 
 
 class PrefillMlp(Protocol):
@@ -164,7 +204,7 @@ def _ffi(header: Path) -> cffi.FFI:
 
 _C_TYPES = {
     torch.float32: "float *", torch.bfloat16: "uint16_t *", torch.float16: "uint16_t *", torch.int64: "int64_t *",
-    torch.int8: "int8_t *", torch.uint8: "uint8_t *",
+    torch.int8: "int8_t *", torch.uint8: "uint8_t *", torch.int32: "int32_t *",
 }  # fmt: skip
 
 
@@ -431,10 +471,27 @@ class CpuKernels:
         def call(function: Any, what: str, *args: Any) -> None:
             self.raise_for(what, function(*args) if reference else function(*args, torch.get_num_threads()))
 
+        def rounded(x: RoundedRows, prefill_rows: int, out: torch.Tensor | None) -> torch.Tensor:
+            if digits != 1 or reference or (prefill_rows and bf16_prefill):
+                raise ValueError(f"{name}: rounded rows take the one-digit products of decode rows or, without the "
+                                 f"tile unit's prefill path, of any rows")  # fmt: skip
+            rows = len(x)
+            _check("x.codes", x.codes, (torch.int8,), (rows, k))
+            for what, t, dtype in (("x.step", x.step, torch.float32), ("x.total", x.total, torch.int32),
+                                   ("x.sum", x.sum, torch.float32)):  # fmt: skip
+                _check(what, t, (dtype,), (rows, k // 32))
+            y = torch.empty(rows, n) if out is None else _check("out", out, (torch.float32,), (rows, n))
+            p = self.pointer
+            call(getattr(self.lib, f"{name}_rounded"), f"{name}_rounded", p(x.codes), p(x.step), p(x.total),
+                 p(x.sum), rows, k, *weight, n, p(y))  # fmt: skip
+            return y
+
         def matmul(
-            x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None,
+            x: torch.Tensor | RoundedRows, prefill_rows: int = 0, out: torch.Tensor | None = None,
             keep: tuple[torch.Tensor, ...] = keep,
         ) -> torch.Tensor:  # fmt: skip
+            if isinstance(x, RoundedRows):
+                return rounded(x, prefill_rows, out)
             _check("x", x, (torch.float32,), (None, k))
             rows = x.shape[0]
             if not 0 <= prefill_rows <= rows:
@@ -594,6 +651,28 @@ class CpuKernels:
         self.lib.rms_norm(p(x), delta_ptr, sum_ptr, p(weight), rows, n, eps, p(out), torch.get_num_threads())
         return out, total
 
+    def rms_norm_rounded(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None
+    ) -> tuple[RoundedRows, torch.Tensor]:
+        """``rms_norm``'s, the normed rows rounded for a quantized product (``RoundedRows``; x [rows, n], n a
+        multiple of 32): the same rounded values as the product would make of ``rms_norm``'s."""
+        _check("x", x, (torch.float32,), (None, None))
+        rows, n = x.shape
+        _check("weight", weight, (torch.float32,), (n,))
+        if n % 32:
+            raise ValueError(f"rounded rows need a multiple of 32 columns, got {n}")
+        if delta is None:
+            total, delta_ptr, sum_ptr = x, self.ffi.NULL, self.ffi.NULL
+        else:
+            _check("delta", delta, (torch.float32,), (rows, n))
+            total = torch.empty_like(x)
+            delta_ptr, sum_ptr = self.pointer(delta), self.pointer(total)
+        out, p = RoundedRows.empty(rows, n), self.pointer
+        code = self.lib.rms_norm_rounded(p(x), delta_ptr, sum_ptr, p(weight), rows, n, eps, p(out.codes),
+                                         p(out.step), p(out.total), p(out.sum), torch.get_num_threads())  # fmt: skip
+        self.raise_for("rms_norm_rounded", code)
+        return out, total
+
     def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate-half RoPE of fp32 heads ``x`` [tokens, heads, d], each token's heads contiguous and
         its rows any number of floats apart (a view into the fused QKV output), by ``cos``/``sin``
@@ -620,6 +699,18 @@ class CpuKernels:
         p = self.pointer
         self.lib.silu_mul(p(gate_up), rows, n, p(act), torch.get_num_threads())
         return act
+
+    def silu_and_mul_rounded(self, gate_up: torch.Tensor) -> RoundedRows:
+        """``silu_and_mul``'s rows rounded for a quantized product (``RoundedRows``; n a multiple of 32)."""
+        _check("gate_up", gate_up, (torch.float32,), (None, None))
+        rows, n = gate_up.shape[0], gate_up.shape[1] // 2
+        if gate_up.shape[1] != 2 * n or n % 32:
+            raise ValueError(f"gate_up must have 2 x (a multiple of 32) columns, got {gate_up.shape[1]}")
+        out, p = RoundedRows.empty(rows, n), self.pointer
+        code = self.lib.silu_mul_rounded(p(gate_up), rows, n, p(out.codes), p(out.step), p(out.total),
+                                         p(out.sum), torch.get_num_threads())  # fmt: skip
+        self.raise_for("silu_mul_rounded", code)
+        return out
 
     def argmax(self, x: torch.Tensor, reference: bool = False) -> torch.Tensor:
         """Each row's index of its largest value in fp32 ``x`` [rows, n], the first of equal ones, or of its

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl.kernels.native import RoundedRows
 from minisgl.layers.quant import QuantizedWeight
 
 
@@ -103,10 +104,19 @@ class Linear(nn.Module):
         self.quantized = weight
         self.weight = None
 
-    def forward(self, x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
+    def takes_rounded(self, prefill_rows: int) -> bool:
+        """Whether ``forward`` takes x as rows already rounded for its product (``RoundedRows``; see
+        ``QuantizedWeight.takes_rounded``): the whole quantized weight of an unsharded layer."""
+        q = self.quantized
+        return q is not None and self.partition is None and q.takes_rounded(prefill_rows)
+
+    def forward(
+        self, x: torch.Tensor | RoundedRows, prefill_rows: int = 0, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """x W^T (+ bias); the first ``prefill_rows`` rows of x are prefill tokens (``Batch.prefill_tokens``),
-        which a quantized weight may run on their own path. Written into ``out`` where given (x's shape but
-        the last dimension): in place by a quantized weight's C kernels, copied there otherwise."""
+        which a quantized weight may run on their own path; x is rounded rows only where ``takes_rounded``.
+        Written into ``out`` where given (x's shape but the last dimension): in place by a quantized weight's
+        C kernels, copied there otherwise."""
         q, p = self.quantized, self.partition
         if out is not None:
             if q is not None and p is None and self.bias is None:
@@ -119,12 +129,12 @@ class Linear(nn.Module):
             y = p.group.all_reduce(y)
         return y if self.bias is None else y + self.bias
 
-    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None, prefill_rows: int) -> torch.Tensor:
+    def _matmul(self, x: torch.Tensor | RoundedRows, bias: torch.Tensor | None, prefill_rows: int) -> torch.Tensor:
         q = self.quantized
         if q is not None:
             y = q.forward(x, prefill_rows)  # not q(x): a module call's hook machinery costs ~3 us, 120 times a step
             return y if bias is None else y + bias
-        assert self.weight is not None, "a layer without a quantized weight keeps its dense one"
+        assert self.weight is not None and isinstance(x, torch.Tensor), "a dense layer takes fp rows"
         return linear(x, self.weight, bias)
 
 

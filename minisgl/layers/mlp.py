@@ -7,7 +7,7 @@ from functools import cached_property
 import torch
 from torch import nn
 
-from minisgl.kernels.native import PrefillMlp
+from minisgl.kernels.native import PrefillMlp, RoundedRows
 from minisgl.layers.activation import gated_activation
 from minisgl.layers.linear import Linear, RankGroup, column, row
 from minisgl.tuning import mlp_band_rows
@@ -36,27 +36,30 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden, partition=row(tp, part, reduce))
         self.band_rows = mlp_band_rows(part[1] - part[0])  # rows of a long pass computed at a time
 
-    def forward(self, x: torch.Tensor, prefill_rows: int = 0) -> torch.Tensor:
-        """The first ``prefill_rows`` rows are prefill tokens (``Batch.prefill_tokens``)."""
+    def forward(self, x: torch.Tensor | RoundedRows, prefill_rows: int = 0) -> torch.Tensor:
+        """The first ``prefill_rows`` rows are prefill tokens (``Batch.prefill_tokens``); x is rounded rows
+        only where ``gate_up_proj.takes_rounded``."""
         if len(x) <= self.band_rows:
             return self._band(x, prefill_rows)
         # A long prefill pass a band of rows at a time: its intermediate activations (gate_up, 2 x
         # intermediate per row, and SwiGLU's where it is written out) would otherwise be the engine's largest
         # temporaries.
-        out = x.new_empty(len(x), self.down_proj.shape[0])
+        hidden = self.down_proj.shape[0]
+        out = torch.empty(len(x), hidden) if isinstance(x, RoundedRows) else x.new_empty(len(x), hidden)
         for start in range(0, len(x), self.band_rows):
             band = x[start : start + self.band_rows]
             self._band(band, min(max(prefill_rows - start, 0), len(band)), out[start : start + len(band)])
         return out
 
-    def _band(self, x: torch.Tensor, prefill_rows: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        fused = self._prefill_mlp if prefill_rows and x.dtype == torch.float32 else None
+    def _band(self, x: torch.Tensor | RoundedRows, prefill_rows: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        fused = self._prefill_mlp if prefill_rows and isinstance(x, torch.Tensor) and x.dtype == torch.float32 else None
         if fused is None:
-            return self.down_proj(self._act_and_mul(self.gate_up_proj(x, prefill_rows)), prefill_rows, out)
+            act = self._act_and_mul(self.gate_up_proj(x, prefill_rows), prefill_rows)
+            return self.down_proj(act, prefill_rows, out)
         y = x.new_empty(len(x), self.down_proj.shape[0]) if out is None else out
         fused(x[:prefill_rows].contiguous(), y[:prefill_rows])
         if prefill_rows < len(x):  # the decode rows: their own products (quant_gemm.c), as without the prefill rows
-            self.down_proj(self._act_and_mul(self.gate_up_proj(x[prefill_rows:])), 0, y[prefill_rows:])
+            self.down_proj(self._act_and_mul(self.gate_up_proj(x[prefill_rows:]), 0), 0, y[prefill_rows:])
         return y
 
     @cached_property
@@ -75,11 +78,14 @@ class GatedMLP(nn.Module):
             return None
         return gate_up.kernels.prefill_mlp(gate_up_buffers, down_buffers, down.out_features, down.in_features)
 
-    def _act_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+    def _act_and_mul(self, gate_up: torch.Tensor, prefill_rows: int) -> torch.Tensor | RoundedRows:
         """Quantized weights with the C kernels take their SwiGLU from the kernels too (the fused decode
-        step's, ``activation.c``); dense weights keep torch's, which matches transformers' bits."""
+        step's, ``activation.c``), rounded for the down projection where it takes its rows so
+        (``Linear.takes_rounded``); dense weights keep torch's, which matches transformers' bits."""
         quantized = self.gate_up_proj.quantized
         kernels = None if quantized is None else quantized.kernels
         if kernels is not None and self.activation == "silu" and gate_up.dtype == torch.float32 and gate_up.is_cpu:
+            if self.down_proj.takes_rounded(prefill_rows):
+                return kernels.silu_and_mul_rounded(gate_up)
             return kernels.silu_and_mul(gate_up)
         return self.act_and_mul(gate_up)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minisgl.kernels.native import CpuKernels
+from minisgl.kernels.native import CpuKernels, RoundedRows
 
 
 class RMSNorm(nn.Module):
@@ -12,7 +12,8 @@ class RMSNorm(nn.Module):
     decode step runs 61 norms); other dtypes round to their own before the weight, as Hugging Face does.
 
     ``add_forward`` also adds the residual first: the decoder's x + sublayer(x) followed by the
-    next norm, in one call.
+    next norm, in one call. ``add_forward_rounded`` hands its output to a quantized product rounded
+    (``RoundedRows``) instead of in fp32.
 
     ``unit_offset`` (Gemma): the checkpoint stores gain - 1, and the product with the gain
     (1 + weight, in float32) is taken before the cast back, as Gemma's RMSNorm does."""
@@ -43,6 +44,19 @@ class RMSNorm(nn.Module):
             return kernels.rms_norm(residual.contiguous(), self.gain(), self.eps, delta.contiguous())
         total = residual + delta
         return self(total), total
+
+    def add_forward_rounded(
+        self, delta: torch.Tensor | None, residual: torch.Tensor
+    ) -> tuple[RoundedRows, torch.Tensor] | None:
+        """``add_forward``'s (or, without ``delta``, the norm of ``residual`` and ``residual``) with the
+        normed rows rounded for a quantized product, in one C call; None where the C kernels do not run
+        this norm on these rows (2-D fp32, a multiple of 32 columns)."""
+        kernels = self._kernels(residual)
+        if kernels is None or residual.dim() != 2 or residual.shape[1] % 32:
+            return None
+        if delta is None:
+            return kernels.rms_norm_rounded(residual.contiguous(), self.gain(), self.eps)[0], residual
+        return kernels.rms_norm_rounded(residual.contiguous(), self.gain(), self.eps, delta.contiguous())
 
     def gain(self) -> torch.Tensor:
         """What the normalised values are multiplied by (float32 with a unit offset)."""

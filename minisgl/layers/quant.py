@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.heap import HugePageArena
-from minisgl.kernels.native import QUANT_TILE, CpuKernels, Int4Buffers, Int8Buffers, Matmul
+from minisgl.kernels.native import QUANT_TILE, CpuKernels, Int4Buffers, Int8Buffers, Matmul, RoundedRows
 from minisgl.tuning import INT4_MAX_KERNEL_ROWS, INT8_MAX_KERNEL_ROWS
 
 QuantMode = Literal["int4", "int8"]
@@ -74,16 +74,24 @@ class QuantizedWeight(nn.Module):
     # rounding, half the dot products of two) but in the LM head's (``DecoderForCausalLM.use_kernels``).
     digits: int = 1
 
-    def forward(self, x: torch.Tensor, prefill_rows: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor | RoundedRows, prefill_rows: int = 0, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """On the CPU: the C kernels at every row count, x rounded to ``digits`` int8 digits per group of
-        32, but for the first ``prefill_rows`` rows (prefill tokens) where the kernels have a tile unit's
-        path for them (bf16 products: ``CpuKernels.int4``); without the C kernels torch's kernels for at
-        most ``max_kernel_rows`` rows, bf16 GEMM on the expanded weight beyond. Written into ``out``
-        where given (x's shape but the last dimension): in place by the C kernels where it is a contiguous
-        fp32 [rows, out], copied there otherwise."""
+        32 (or rounded already, where ``takes_rounded``), but for the first ``prefill_rows`` rows (prefill
+        tokens) where the kernels have a tile unit's path for them (bf16 products: ``CpuKernels.int4``);
+        without the C kernels torch's kernels for at most ``max_kernel_rows`` rows, bf16 GEMM on the expanded
+        weight beyond. Written into ``out`` where given (x's shape but the last dimension): in place by the C
+        kernels where it is a contiguous fp32 [rows, out], copied there otherwise."""
+        in_place = out is not None and out.dtype == torch.float32 and out.dim() == 2 and out.is_contiguous()
+        if isinstance(x, RoundedRows):
+            if self.c_matmul is None:
+                raise ValueError("rounded rows need the C kernels' products")
+            y = self.c_matmul(x, prefill_rows, out if in_place else None)
+            return y if out is None or in_place else out.copy_(y.view(out.shape))
         rows = x.reshape(-1, self.in_features)
         if self.c_matmul is not None:
-            if out is not None and out.dtype == torch.float32 and out.dim() == 2 and out.is_contiguous():
+            if in_place:
                 return self.c_matmul(rows.float().contiguous(), prefill_rows, out)  # written in place
             y = self.c_matmul(rows.float().contiguous(), prefill_rows)
         elif rows.shape[0] <= self.max_kernel_rows:
@@ -95,6 +103,15 @@ class QuantizedWeight(nn.Module):
         if y.dtype == x.dtype and x.dim() == 2:  # the decode step's case: nothing to reshape or cast
             return y
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def takes_rounded(self, prefill_rows: int) -> bool:
+        """Whether ``forward`` takes rows that the layer computing them rounded (``RoundedRows``) for a
+        pass with ``prefill_rows`` prefill rows: the C kernels' one-digit products of whole groups, where
+        no prefill row takes the tile unit's bf16 path (which reads fp32 rows)."""
+        kernels = self.kernels
+        if kernels is None or self.digits != 1 or self.in_features % INT4_GROUP:
+            return False
+        return not (prefill_rows and kernels.bf16_prefill)
 
     @cached_property
     def c_matmul(self) -> Matmul | None:

@@ -21,7 +21,7 @@ from torch import nn
 
 from minisgl.batch import AttentionContext
 from minisgl.distributed.sharding import HeadShard, even_range, shard_heads
-from minisgl.kernels.native import CpuKernels, FusedDecoder, LayerWeights
+from minisgl.kernels.native import CpuKernels, FusedDecoder, LayerWeights, RoundedRows
 from minisgl.layers.embedding import VocabEmbedding
 from minisgl.layers.linear import Linear, column, row
 from minisgl.layers.mlp import GatedMLP
@@ -77,7 +77,9 @@ class Attention(nn.Module):
         scalar = cfg.query_pre_attn_scalar
         self.q_scale = None if scalar is None or scalar == d else (d / scalar) ** 0.5
 
-    def forward(self, x: torch.Tensor, rope: Rope, ctx: AttentionContext, prefill_rows: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor | RoundedRows, rope: Rope, ctx: AttentionContext, prefill_rows: int = 0
+    ) -> torch.Tensor:
         qkv = self.qkv_proj(x, prefill_rows)
         tokens, (q_size, kv_size, _) = qkv.shape[0], self.split_sizes
         if self.q_norm is None or self.k_norm is None:
@@ -111,6 +113,19 @@ def intermediate_range(size: int, tp: TPGroup | None) -> tuple[int, int]:
     return even_range(size, tp.size, tp.rank) if tp is not None else (0, size)
 
 
+def normed(
+    norm: RMSNorm, consumer: Linear | None, delta: torch.Tensor | None, residual: torch.Tensor, prefill_rows: int
+) -> tuple[torch.Tensor | RoundedRows, torch.Tensor]:
+    """(norm(residual + delta), residual + delta), or without ``delta`` (norm(residual), residual): the
+    normed rows rounded by the norm itself where ``consumer``, the product they go to, takes them so
+    (``Linear.takes_rounded``: the C kernels' integer products, which would round them first), else fp32."""
+    if consumer is not None and consumer.takes_rounded(prefill_rows):
+        rounded = norm.add_forward_rounded(delta, residual)
+        if rounded is not None:
+            return rounded
+    return (norm(residual), residual) if delta is None else norm.add_forward(delta, residual)
+
+
 class DecoderLayer(nn.Module):
     """Llama's layer: the norm before attention, and ``post_attention_layernorm`` before the MLP.
     With Gemma's norms, ``post_attention_layernorm`` normalises the attention's output and
@@ -134,12 +149,13 @@ class DecoderLayer(nn.Module):
         first layer, whose input is the residual stream itself. The first ``prefill_rows`` rows are
         prefill tokens (``Batch.prefill_tokens``)."""
         if residual is None:
-            h, residual = self.input_layernorm(x), x
+            h, residual = normed(self.input_layernorm, self.self_attn.qkv_proj, None, x, prefill_rows)
         else:
-            h, residual = self.input_layernorm.add_forward(x, residual)
+            h, residual = normed(self.input_layernorm, self.self_attn.qkv_proj, x, residual, prefill_rows)
         attn = self.self_attn(h, rope, ctx, prefill_rows)
         if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
-            h, residual = self.post_attention_layernorm.add_forward(attn, residual)
+            gate_up = self.mlp.gate_up_proj if isinstance(self.mlp, GatedMLP) else None
+            h, residual = normed(self.post_attention_layernorm, gate_up, attn, residual, prefill_rows)
             return self.mlp(h, prefill_rows), residual
         h, residual = self.pre_feedforward_layernorm.add_forward(self.post_attention_layernorm(attn), residual)
         return self.post_feedforward_layernorm(self.mlp(h, prefill_rows)), residual

@@ -86,6 +86,15 @@ int int8_gemm(const float *x, int digits, int64_t rows, int64_t K, const int8_t 
               float *y, int threads);
 int int8_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const int8_t *codes, const float *scale,
                   int64_t N, float *y);
+// The same products (one digit) of rows the layer that computed them rounded (rms_norm_rounded,
+// silu_mul_rounded): x_codes [rows, K] int8, its buffer readable up to a multiple of 16 rows (the amx build's
+// tile loads); per row and group of 32 columns x_step, x_total (its digits' sum) and x_sum (x_total * x_step).
+int int4_gemm_rounded(const int8_t *x_codes, const float *x_step, const int32_t *x_total, const float *x_sum,
+                      int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum,
+                      int64_t N, float *y, int threads);
+int int8_gemm_rounded(const int8_t *x_codes, const float *x_step, const int32_t *x_total, const float *x_sum,
+                      int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N, float *y,
+                      int threads);
 
 // The same products with x rounded to bf16 and the weight dequantized to bf16, summed in fp32 on the
 // tile unit (bf16_gemm.c): the prefill rows with the amx build; KERNELS_NO_INSTRUCTIONS in the others.
@@ -152,6 +161,12 @@ void rms_norm(const float *x, const float *delta, float *sum_out, const float *w
 void rotary(const float *x, int64_t stride, int64_t tokens, int64_t heads, int64_t d, const float *cos,
             const float *sin, float *out, int threads);
 void silu_mul(const float *gate_up, int64_t rows, int64_t n, float *act, int threads);
+// rms_norm and silu_mul with their output rounded for the products instead of written in fp32 (n a multiple
+// of 32): codes, step, total and sum as int4_gemm_rounded takes them, the bits the products would round.
+int rms_norm_rounded(const float *x, const float *delta, float *sum_out, const float *weight, int64_t rows,
+                     int64_t n, float eps, int8_t *codes, float *step, int32_t *total, float *sum, int threads);
+int silu_mul_rounded(const float *gate_up, int64_t rows, int64_t n, int8_t *codes, float *step, int32_t *total,
+                     float *sum, int threads);
 
 // out[r] = the index of the largest of row r of x [rows, n] fp32, the first of equal ones, or of the row's first
 // NaN (torch.max's indices; argmax.c).

@@ -34,6 +34,10 @@
 // - int8: acc = fma(dot(q, code), step, acc); y = acc * scale,
 // the dequantized weight times the rounded x.
 //
+// Rows may also come rounded already, by the layer that computed them (int4_gemm_rounded, int8_gemm_rounded: the
+// norms' and SwiGLU's rows, rounded by round_row_one_digit as they are computed, one digit): the same bits as
+// rounding their fp32 rows here, without writing those out and reading them back.
+//
 // With the amx build, batches of more than GEMM_ROWS rows (which the vector bodies would read in more than
 // one pass) sum each group's integer products on the tile unit instead (AMX-INT8, below): the same
 // integers, then the same chains of fmas.
@@ -80,7 +84,7 @@ static void round_row_plain(const float *x, int64_t K, int digits, int8_t *q, in
             const int8_t h = (int8_t)(high > 127.0f ? 127.0f : high < -127.0f ? -127.0f : high);
             const int8_t l = (int8_t)(low > 127.0f ? 127.0f : low < -127.0f ? -127.0f : low);
             q[g * GROUP + i] = h;
-            q_low[g * GROUP + i] = l;
+            if (digits == 2) q_low[g * GROUP + i] = l;  // never read with one digit
             total += digits == 1 ? h : 256 * h + l;
         }
         step[g] = digits == 1 ? s : s / 256.0f;
@@ -122,12 +126,15 @@ static int round_rows(RoundRow round_row, const float *x, int digits, int64_t ro
     return KERNELS_OK;
 }
 
-int int4_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const uint8_t *codes,
-                  const uint16_t *scale, const uint16_t *minimum, int64_t N, float *y) {
-    if (K % GROUP || (digits != 1 && digits != 2)) return KERNELS_BAD_SHAPE;
-    Scratch scratch = {0};
-    RoundedX xr;
-    if (round_rows(round_row_plain, x, digits, rows, K, &scratch, &xr, 1)) return KERNELS_NO_MEMORY;
+// x's rows as the layer that computed them rounded them (one digit): RoundedX without the low digits.
+static RoundedX rounded_rows(const int8_t *codes, const float *step, const int32_t *total, const float *sum) {
+    const RoundedX xr = {(int8_t *)codes, NULL, (float *)step, (float *)sum, (int32_t *)total, NULL, NULL, NULL};
+    return xr;
+}
+
+// int4_gemm_ref's products of x rounded.
+static void int4_products_ref(const RoundedX *xr, int digits, int64_t rows, int64_t K, const uint8_t *codes,
+                              const uint16_t *scale, const uint16_t *minimum, int64_t N, float *y) {
     const int64_t groups = K / GROUP;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t o = 0; o < N; o++) {
@@ -136,26 +143,32 @@ int int4_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const uin
                 int32_t high = 0, low = 0;
                 for (int64_t c = 0; c < GROUP; c++) {
                     const int w = int4_code_at(codes, K, o, g * GROUP + c);
-                    high += w * xr.codes[r * K + g * GROUP + c];
-                    low += w * xr.low[r * K + g * GROUP + c];
+                    high += w * xr->codes[r * K + g * GROUP + c];
+                    if (digits == 2) low += w * xr->low[r * K + g * GROUP + c];
                 }
                 const int32_t dot = digits == 1 ? high : high * 256 + low;
                 const int64_t at = (o / TILE * groups + g) * TILE + o % TILE;
-                acc = fmaf((float)dot, float_of_fp16(scale[at]) * xr.step[r * groups + g], acc);
-                acc = fmaf(float_of_fp16(minimum[at]), xr.sum[r * groups + g], acc);
+                acc = fmaf((float)dot, float_of_fp16(scale[at]) * xr->step[r * groups + g], acc);
+                acc = fmaf(float_of_fp16(minimum[at]), xr->sum[r * groups + g], acc);
             }
             y[r * N + o] = acc;
         }
-    free(scratch.data);
-    return KERNELS_OK;
 }
 
-int int8_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const int8_t *codes,
-                  const float *scale, int64_t N, float *y) {
+int int4_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const uint8_t *codes,
+                  const uint16_t *scale, const uint16_t *minimum, int64_t N, float *y) {
     if (K % GROUP || (digits != 1 && digits != 2)) return KERNELS_BAD_SHAPE;
     Scratch scratch = {0};
     RoundedX xr;
     if (round_rows(round_row_plain, x, digits, rows, K, &scratch, &xr, 1)) return KERNELS_NO_MEMORY;
+    int4_products_ref(&xr, digits, rows, K, codes, scale, minimum, N, y);
+    free(scratch.data);
+    return KERNELS_OK;
+}
+
+// int8_gemm_ref's products of x rounded.
+static void int8_products_ref(const RoundedX *xr, int digits, int64_t rows, int64_t K, const int8_t *codes,
+                              const float *scale, int64_t N, float *y) {
     const int64_t groups = K / GROUP;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t o = 0; o < N; o++) {
@@ -164,13 +177,22 @@ int int8_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const int
                 int32_t dot = 0;
                 for (int64_t c = 0; c < GROUP; c++) {
                     const int64_t k = r * K + g * GROUP + c;
-                    const int q = digits == 1 ? xr.codes[k] : 256 * xr.codes[k] + xr.low[k];
+                    const int q = digits == 1 ? xr->codes[k] : 256 * xr->codes[k] + xr->low[k];
                     dot += int8_code_at(codes, K, o, g * GROUP + c) * q;
                 }
-                acc = fmaf((float)dot, xr.step[r * groups + g], acc);
+                acc = fmaf((float)dot, xr->step[r * groups + g], acc);
             }
             y[r * N + o] = acc * scale[o];
         }
+}
+
+int int8_gemm_ref(const float *x, int digits, int64_t rows, int64_t K, const int8_t *codes,
+                  const float *scale, int64_t N, float *y) {
+    if (K % GROUP || (digits != 1 && digits != 2)) return KERNELS_BAD_SHAPE;
+    Scratch scratch = {0};
+    RoundedX xr;
+    if (round_rows(round_row_plain, x, digits, rows, K, &scratch, &xr, 1)) return KERNELS_NO_MEMORY;
+    int8_products_ref(&xr, digits, rows, K, codes, scale, N, y);
     free(scratch.data);
     return KERNELS_OK;
 }
@@ -338,6 +360,12 @@ static inline Rows rows_of(int bits, const void *codes, const void *scale, const
         rows.row_scale = (const float *)scale + o0;
     }
     return rows;
+}
+
+// Block b's tiles of `blocks` over `tiles` tiles, [*t0, *t1): the blocks differ by one tile at most, so that threads
+// given as many blocks each get as many tiles, give or take one a block.
+static inline void tiles_of_block(int64_t b, int64_t blocks, int64_t tiles, int64_t *t0, int64_t *t1) {
+    *t0 = b * tiles / blocks, *t1 = (b + 1) * tiles / blocks;
 }
 
 // acc + per lane the sum of the four u8 x s8 products of u and the 4 bytes at q, broadcast (vpdpbusd).
@@ -619,7 +647,7 @@ static inline __attribute__((always_inline)) void amx_tile(const int BITS, const
                                  ring + (g + UNPACK_AHEAD) % UNPACK_RING * UNPACKED_BYTES);
                 codes = ring + g % UNPACK_RING * UNPACKED_BYTES;
             }
-            const int8_t *xa = x->codes + r0 * K + g * GROUP, *xl = x->low + r0 * K + g * GROUP;
+            const int8_t *xa = x->codes + r0 * K + g * GROUP, *xl = DIGITS == 2 ? x->low + r0 * K + g * GROUP : NULL;
             // Sums tiles: 0-3 a group each with one digit, pairs 0-1 and 2-3 with two.
             if (DIGITS == 2) {
                 if (g % 2 == 0) AMX_PRODUCT(BITS, 2, 4, 5, 6, 0, 1, xa, xl, K, codes);
@@ -692,11 +720,11 @@ AMX_TILE(4, 2)
 AMX_TILE(8, 1)
 AMX_TILE(8, 2)
 
-// Every row of x against every tile, the tiles in `blocks` runs of `block` split over the threads (as gemm's):
+// Every row of x against every tile, the tiles in `blocks` blocks split over the threads (as gemm's):
 // AMX_ROWS rows of x at a time, and a last block of at most GEMM_ROWS rows by the register tiles `vector`
 // (the tile side would cost as much as for a full block).
 static void amx_gemm(int bits, int digits, const RoundedX *x, int64_t rows, int64_t K, const void *codes,
-                     const void *scale, const uint16_t *minimum, int64_t N, float *y, int64_t blocks, int64_t block,
+                     const void *scale, const uint16_t *minimum, int64_t N, float *y, int64_t blocks,
                      const TileFn *vector, int threads) {
     const AmxTileFn run = digits == 1 ? (bits == 4 ? amx_tile_4_1 : amx_tile_8_1)
                                       : (bits == 4 ? amx_tile_4_2 : amx_tile_8_2);
@@ -707,8 +735,10 @@ static void amx_gemm(int bits, int digits, const RoundedX *x, int64_t rows, int6
         int32_t sums[4 * 2 * AMX_ROWS * TILE] __attribute__((aligned(64)));  // 4 groups', of up to two digits
         amx_int_configure();
 #pragma omp for schedule(static)
-        for (int64_t b = 0; b < blocks; b++)
-            for (int64_t t = b * block; t < min64(b * block + block, tiles); t++)
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t t0, t1;
+            tiles_of_block(b, blocks, tiles, &t0, &t1);
+            for (int64_t t = t0; t < t1; t++)
                 for (int64_t r0 = 0; r0 < rows; r0 += AMX_ROWS) {
                     const Rows w = rows_of(bits, codes, scale, minimum, K / GROUP, N, t, 0);
                     const int64_t R = min64(AMX_ROWS, rows - r0);
@@ -717,18 +747,15 @@ static void amx_gemm(int bits, int digits, const RoundedX *x, int64_t rows, int6
                     else
                         vector[R](K, &w, x, r0, 0, K / GROUP, N, y);
                 }
+        }
         _tile_release();
     }
 }
 #endif
 
-// Every row of x against every tile of a BITS-bit weight (rows_of's codes, scale, minimum).
-static int gemm(int bits, const float *x, int digits, int64_t rows, int64_t K, const void *codes,
-                const void *scale, const uint16_t *minimum, int64_t N, float *y, int threads) {
-    if (K % GROUP || (digits != 1 && digits != 2)) return KERNELS_BAD_SHAPE;
-    static _Thread_local Scratch x_scratch;
-    RoundedX xr;
-    if (round_rows(round_row_simd, x, digits, rows, K, &x_scratch, &xr, threads)) return KERNELS_NO_MEMORY;
+// Every row of x rounded against every tile of a BITS-bit weight (rows_of's codes, scale, minimum).
+static int gemm_rounded(int bits, RoundedX xr, int digits, int64_t rows, int64_t K, const void *codes,
+                        const void *scale, const uint16_t *minimum, int64_t N, float *y, int threads) {
 #if defined(WIDE_DOTS)
     static _Thread_local Scratch wide_scratch;
     if (bits == 8 && widen_rows(&xr, digits, rows, K, &wide_scratch, threads)) return KERNELS_NO_MEMORY;
@@ -739,12 +766,11 @@ static int gemm(int bits, const float *x, int digits, int64_t rows, int64_t K, c
     // Each register tile of x is run against a block of up to BLOCK_TILES tiles while it is in L1; the
     // blocks come in a multiple of the threads, so that each thread gets the same number.
     const int64_t blocks = threads * ((tiles + threads * BLOCK_TILES - 1) / (threads * BLOCK_TILES));
-    const int64_t block = (tiles + blocks - 1) / blocks;
 #if defined(KERNELS_AMX)
     if (rows > GEMM_ROWS) {
         static _Thread_local Scratch block_scratch;
         if (block_steps(&xr, rows, K, &block_scratch)) return KERNELS_NO_MEMORY;
-        amx_gemm(bits, digits, &xr, rows, K, codes, scale, minimum, N, y, blocks, block, run, threads);
+        amx_gemm(bits, digits, &xr, rows, K, codes, scale, minimum, N, y, blocks, run, threads);
         return KERNELS_OK;
     }
 #endif
@@ -755,18 +781,22 @@ static int gemm(int bits, const float *x, int digits, int64_t rows, int64_t K, c
         // leave the memory idle while the second computes, the prefetch having nothing new ahead of it.
         const int64_t turn = PARTS > 1 ? TURN : groups;
 #pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t b = 0; b < blocks; b++)
-            for (int64_t t = b * block; t < min64(b * block + block, tiles); t++)
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t t0, t1;
+            tiles_of_block(b, blocks, tiles, &t0, &t1);
+            for (int64_t t = t0; t < t1; t++)
                 for (int64_t g0 = 0; g0 < groups; g0 += turn)
                     for (int64_t part = 0; part < PARTS; part++) {
                         const Rows w = rows_of(bits, codes, scale, minimum, groups, N, t, part);
                         if (w.live > 0) run[rows](K, &w, &xr, 0, g0, min64(g0 + turn, groups), N, y);
                     }
+        }
         return KERNELS_OK;
     }
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
-        const int64_t t0 = b * block, t1 = min64(t0 + block, tiles);
+        int64_t t0, t1;
+        tiles_of_block(b, blocks, tiles, &t0, &t1);
         for (int64_t g0 = 0; g0 < groups; g0 += SPAN) {
             const int64_t g1 = min64(g0 + SPAN, groups);
             for (int64_t r0 = 0; r0 < rows; r0 += GEMM_ROWS) {
@@ -780,6 +810,16 @@ static int gemm(int bits, const float *x, int digits, int64_t rows, int64_t K, c
         }
     }
     return KERNELS_OK;
+}
+
+// Every row of x against every tile of a BITS-bit weight, x rounded first.
+static int gemm(int bits, const float *x, int digits, int64_t rows, int64_t K, const void *codes,
+                const void *scale, const uint16_t *minimum, int64_t N, float *y, int threads) {
+    if (K % GROUP || (digits != 1 && digits != 2)) return KERNELS_BAD_SHAPE;
+    static _Thread_local Scratch x_scratch;
+    RoundedX xr;
+    if (round_rows(round_row_simd, x, digits, rows, K, &x_scratch, &xr, threads)) return KERNELS_NO_MEMORY;
+    return gemm_rounded(bits, xr, digits, rows, K, codes, scale, minimum, N, y, threads);
 }
 
 // x: [rows, K] fp32 (K a multiple of 32), digits: 1 or 2, codes / scale / minimum: the tiles of an
@@ -796,6 +836,22 @@ int int8_gemm(const float *x, int digits, int64_t rows, int64_t K, const int8_t 
     return gemm(8, x, digits, rows, K, codes, scale, NULL, N, y, threads);
 }
 
+int int4_gemm_rounded(const int8_t *x_codes, const float *x_step, const int32_t *x_total, const float *x_sum,
+                      int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum,
+                      int64_t N, float *y, int threads) {
+    if (K % GROUP) return KERNELS_BAD_SHAPE;
+    return gemm_rounded(4, rounded_rows(x_codes, x_step, x_total, x_sum), 1, rows, K, codes, scale, minimum, N, y,
+                        threads);
+}
+
+int int8_gemm_rounded(const int8_t *x_codes, const float *x_step, const int32_t *x_total, const float *x_sum,
+                      int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N, float *y,
+                      int threads) {
+    if (K % GROUP) return KERNELS_BAD_SHAPE;
+    return gemm_rounded(8, rounded_rows(x_codes, x_step, x_total, x_sum), 1, rows, K, codes, scale, NULL, N, y,
+                        threads);
+}
+
 #else  // no SIMD: the references are the bodies
 
 int int4_gemm(const float *x, int digits, int64_t rows, int64_t K, const uint8_t *codes,
@@ -810,4 +866,32 @@ int int8_gemm(const float *x, int digits, int64_t rows, int64_t K, const int8_t 
     return int8_gemm_ref(x, digits, rows, K, codes, scale, N, y);
 }
 
+int int4_gemm_rounded(const int8_t *x_codes, const float *x_step, const int32_t *x_total, const float *x_sum,
+                      int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum,
+                      int64_t N, float *y, int threads) {
+    (void)threads;
+    if (K % GROUP) return KERNELS_BAD_SHAPE;
+    const RoundedX xr = rounded_rows(x_codes, x_step, x_total, x_sum);
+    int4_products_ref(&xr, 1, rows, K, codes, scale, minimum, N, y);
+    return KERNELS_OK;
+}
+
+int int8_gemm_rounded(const int8_t *x_codes, const float *x_step, const int32_t *x_total, const float *x_sum,
+                      int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N, float *y,
+                      int threads) {
+    (void)threads;
+    if (K % GROUP) return KERNELS_BAD_SHAPE;
+    const RoundedX xr = rounded_rows(x_codes, x_step, x_total, x_sum);
+    int8_products_ref(&xr, 1, rows, K, codes, scale, N, y);
+    return KERNELS_OK;
+}
+
 #endif
+
+void round_row_one_digit(const float *x, int64_t K, int8_t *q, float *step, int32_t *total, float *sum) {
+#if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
+    round_row_simd(x, K, 1, q, NULL, step, total, sum);
+#else
+    round_row_plain(x, K, 1, q, NULL, step, total, sum);
+#endif
+}

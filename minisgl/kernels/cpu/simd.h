@@ -99,6 +99,11 @@ static inline void *scratch_reserve(Scratch *s, size_t bytes) {
     return data;
 }
 
+// One row of x [K] rounded to one int8 digit per group of 32 columns as the quantized products round their
+// rows (quant_gemm.c): q [K], and per group its step, its digits' total and their sum times the step. The layers
+// that hand their output to a product rounded (rms_norm_rounded, silu_mul_rounded) round each row with it.
+void round_row_one_digit(const float *x, int64_t K, int8_t *q, float *step, int32_t *total, float *sum);
+
 // fp32 -> bf16 bits, rounded to nearest even (torch's cast): the pool's and the dequantized weights'
 // rounding.
 static inline uint16_t bf16_of(float v) {
