@@ -640,16 +640,20 @@ class CpuKernels:
         n = x.shape[-1]
         _check("weight", weight, (torch.float32,), (n,))
         out = torch.empty_like(x)
-        if delta is None:
-            total, delta_ptr, sum_ptr = x, self.ffi.NULL, self.ffi.NULL
-        else:
-            _check("delta", delta, (torch.float32,), tuple(x.shape))
-            total = torch.empty_like(x)
-            delta_ptr, sum_ptr = self.pointer(delta), self.pointer(total)
+        total, delta_ptr, sum_ptr = self._residual_sum(x, delta)
         rows = x.numel() // n if n else 0
         p = self.pointer
         self.lib.rms_norm(p(x), delta_ptr, sum_ptr, p(weight), rows, n, eps, p(out), torch.get_num_threads())
         return out, total
+
+    def _residual_sum(self, x: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, Any, Any]:
+        """A norm's sum x + delta (x itself without delta) and the pointers the C norms take for delta and
+        for that sum (NULL, NULL without delta)."""
+        if delta is None:
+            return x, self.ffi.NULL, self.ffi.NULL
+        _check("delta", delta, (torch.float32,), tuple(x.shape))
+        total = torch.empty_like(x)
+        return total, self.pointer(delta), self.pointer(total)
 
     def rms_norm_rounded(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None
@@ -661,12 +665,7 @@ class CpuKernels:
         _check("weight", weight, (torch.float32,), (n,))
         if n % 32:
             raise ValueError(f"rounded rows need a multiple of 32 columns, got {n}")
-        if delta is None:
-            total, delta_ptr, sum_ptr = x, self.ffi.NULL, self.ffi.NULL
-        else:
-            _check("delta", delta, (torch.float32,), (rows, n))
-            total = torch.empty_like(x)
-            delta_ptr, sum_ptr = self.pointer(delta), self.pointer(total)
+        total, delta_ptr, sum_ptr = self._residual_sum(x, delta)
         out, p = RoundedRows.empty(rows, n), self.pointer
         code = self.lib.rms_norm_rounded(p(x), delta_ptr, sum_ptr, p(weight), rows, n, eps, p(out.codes),
                                          p(out.step), p(out.total), p(out.sum), torch.get_num_threads())  # fmt: skip

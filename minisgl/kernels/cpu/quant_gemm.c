@@ -94,7 +94,7 @@ static void round_row_plain(const float *x, int64_t K, int digits, int8_t *q, in
 }
 
 // x [rows, K] rounded: high and low digits [rows, K], steps, digit totals and sums [rows, K / 32], in
-// one buffer.
+// one buffer (round_rows), or where the layer that computed x rounded it (rounded_rows: one digit, low NULL).
 typedef struct {
     int8_t *codes, *low;
     float *step, *sum;
