@@ -606,8 +606,8 @@ def test_rounded_rows_of_the_norm_and_swiglu_give_the_products_of_their_fp32_row
     kernels: CpuKernels, rows: int, n: int
 ) -> None:
     """rms_norm_rounded (with the residual added first and without) and silu_mul_rounded hand the int4 and
-    int8 products the bits they would round from rms_norm's and silu_mul's fp32 rows, on one thread's share of
-    rows and on more (70: a band from row 16 too); the sum with the residual is rms_norm's."""
+    int8 products the bits they would round from rms_norm's and silu_mul's fp32 rows, for one row and for rows
+    split over the threads (70: a band from row 16 too); the sum with the residual is rms_norm's."""
     g = torch.Generator().manual_seed(rows + n)
     x, delta, weight = torch.randn(rows, n, generator=g) * 3, torch.randn(rows, n, generator=g), torch.rand(n) + 0.5
     gate_up = torch.randn(rows, 2 * n, generator=g) * 4

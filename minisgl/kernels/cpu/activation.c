@@ -11,8 +11,16 @@
 #include "kernels.h"
 #include "simd.h"
 
-static void silu_mul_row(const float *gate_up, int64_t r, int64_t n, float *to) {
-    const float *gate = gate_up + r * 2 * n, *up = gate + n;
+// silu_mul's input and width.
+typedef struct {
+    const float *gate_up;
+    int64_t n;
+} Swiglu;
+
+static void silu_mul_row(const void *context, int64_t r, float *to) {
+    const Swiglu *a = context;
+    const int64_t n = a->n;
+    const float *gate = a->gate_up + r * 2 * n, *up = gate + n;
     int64_t i = 0;
 #if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
     for (; i + WIDTH <= n; i += WIDTH) vec_store(to + i, vec_silu_mul(vec_load(gate + i), vec_load(up + i)));
@@ -21,30 +29,14 @@ static void silu_mul_row(const float *gate_up, int64_t r, int64_t n, float *to) 
 }
 
 void silu_mul(const float *gate_up, int64_t rows, int64_t n, float *act, int threads) {
+    const Swiglu swiglu = {gate_up, n};
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 16)
-    for (int64_t r = 0; r < rows; r++) silu_mul_row(gate_up, r, n, act + r * n);
+    for (int64_t r = 0; r < rows; r++) silu_mul_row(&swiglu, r, act + r * n);
 }
 
 // silu_mul's rows rounded as the products round their rows, as rms_norm_rounded rounds its own.
 int silu_mul_rounded(const float *gate_up, int64_t rows, int64_t n, int8_t *codes, float *step, int32_t *total,
                      float *sum, int threads) {
-    if (n % GROUP) return KERNELS_BAD_SHAPE;
-    const int64_t groups = n / GROUP;
-    int failed = 0;
-#pragma omp parallel num_threads(threads) if (rows > 1)
-    {
-        static _Thread_local Scratch scratch;
-        float *row = scratch_reserve(&scratch, sizeof(float) * (size_t)n);
-        if (row == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            if (row == NULL) continue;
-            silu_mul_row(gate_up, r, n, row);
-            round_row_one_digit(row, n, codes + r * n, step + r * groups, total + r * groups, sum + r * groups);
-        }
-    }
-    return failed ? KERNELS_NO_MEMORY : KERNELS_OK;
+    const Swiglu swiglu = {gate_up, n};
+    return round_rows_of(silu_mul_row, &swiglu, rows, n, codes, step, total, sum, threads);
 }

@@ -84,6 +84,12 @@ int decode_attention_bf16(void) {
 #endif
 }
 
+// Whether a pool of this dtype is read with bf16 products (bf16_products), the reference's and the body's rule.
+static int multiplies_in_bf16(int kv_bf16) { return kv_bf16 && decode_attention_bf16(); }
+
+// A row of bf16 queries: d values rounded up to whole vdpbf16ps steps of 32 dimensions (zeros past d).
+static inline int64_t padded_dim(int64_t d) { return (d + 31) / 32 * 32; }
+
 static float read_kv(const void *pool, int64_t at, int bf16) {
     return bf16 ? float_of_bf16(((const uint16_t *)pool)[at]) : ((const float *)pool)[at];
 }
@@ -113,7 +119,7 @@ int paged_decode_attention_ref(const float *q, const float *k, const float *v, c
     float *scores = malloc(sizeof(float) * (size_t)(longest + d));
     if (scores == NULL) return KERNELS_NO_MEMORY;
     float *qh = scores + longest;
-    const int rounded = kv_bf16 && decode_attention_bf16();
+    const int rounded = multiplies_in_bf16(kv_bf16);
     for (int64_t b = 0; b < batch; b++)
         for (int64_t h = 0; h < heads; h++) {
             const int64_t kv = h / group, n = kv_lens[b];
@@ -356,8 +362,6 @@ static void stage_head(const void *pool, const int64_t *rows, int64_t n, int64_t
 // taken two keys at a time, each dimension's two side by side (interleave_rows), against the pair of the
 // keys' weights. Against the fp32 products this halves the multiplies and drops the widening of every key
 // and value vector.
-static inline int64_t padded_dim(int64_t d) { return (d + 31) / 32 * 32; }
-
 static void round_queries(const float *q, int64_t rows, int64_t d, uint16_t *to) {
     const int64_t dp = padded_dim(d);
     for (int64_t r = 0; r < rows; r++)
@@ -872,7 +876,7 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
     }
     const int64_t max_task_rows = per_task * max_width * group;
 #if defined(KERNELS_AVX512)
-    const int bf16_dots = kv_bf16 && decode_attention_bf16();
+    const int bf16_dots = multiplies_in_bf16(kv_bf16);
 #endif
     int failed = 0;
 #pragma omp parallel num_threads(threads)
@@ -880,7 +884,7 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
         // Each thread's buffers (Buffers), in one allocation kept for its next call.
         static _Thread_local Scratch scratch;
         const int64_t score_floats = max_task_rows * widest, staged_floats = STAGED_PER_KEY(d) * widest;
-        const int64_t query_values = max_task_rows * ((d + 31) / 32 * 32);
+        const int64_t query_values = max_task_rows * padded_dim(d);
         float *scores = scratch_reserve(&scratch, sizeof(float) * (size_t)(score_floats + staged_floats) +
                                                       sizeof(int64_t) * (size_t)(2 * widest) +
                                                       sizeof(uint16_t) * (size_t)(query_values + score_floats));

@@ -35,7 +35,7 @@
 // the dequantized weight times the rounded x.
 //
 // Rows may also come rounded already, by the layer that computed them (int4_gemm_rounded, int8_gemm_rounded: the
-// norms' and SwiGLU's rows, rounded by round_row_one_digit as they are computed, one digit): the same bits as
+// norms' and SwiGLU's rows, rounded by round_rows_of as they are computed, one digit): the same bits as
 // rounding their fp32 rows here, without writing those out and reading them back.
 //
 // With the amx build, batches of more than GEMM_ROWS rows (which the vector bodies would read in more than
@@ -888,10 +888,30 @@ int int8_gemm_rounded(const int8_t *x_codes, const float *x_step, const int32_t 
 
 #endif
 
-void round_row_one_digit(const float *x, int64_t K, int8_t *q, float *step, int32_t *total, float *sum) {
+int round_rows_of(RowOf row_of, const void *context, int64_t rows, int64_t n, int8_t *codes, float *step,
+                  int32_t *total, float *sum, int threads) {
+    if (n % GROUP) return KERNELS_BAD_SHAPE;
 #if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
-    round_row_simd(x, K, 1, q, NULL, step, total, sum);
+    const RoundRow round_row = round_row_simd;
 #else
-    round_row_plain(x, K, 1, q, NULL, step, total, sum);
+    const RoundRow round_row = round_row_plain;
 #endif
+    const int64_t groups = n / GROUP;
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (rows > 1)
+    {
+        static _Thread_local Scratch scratch;
+        float *row = scratch_reserve(&scratch, sizeof(float) * (size_t)n);
+        if (row == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            if (row == NULL) continue;
+            row_of(context, r, row);
+            round_row(row, n, 1, codes + r * n, NULL, step + r * groups, total + r * groups, sum + r * groups);
+        }
+    }
+    return failed ? KERNELS_NO_MEMORY : KERNELS_OK;
 }

@@ -39,13 +39,24 @@ static float squares_of(const float *row, const float *delta, float *sum, int64_
     return squares;
 }
 
+// rms_norm's arguments but its output.
+typedef struct {
+    const float *x, *delta;
+    float *sum_out;
+    const float *weight;
+    int64_t n;
+    float eps;
+} Norm;
+
 // Row r normalised into `to` (and its sum with delta written to sum_out's row r where delta is non-null).
-static void norm_row(const float *x, const float *delta, float *sum_out, const float *weight, int64_t r, int64_t n,
-                     float eps, float *to) {
-    float *sr = delta != 0 ? sum_out + r * n : 0;
-    const float squares = squares_of(x + r * n, delta != 0 ? delta + r * n : 0, sr, n);
-    const float *xr = sr != 0 ? sr : x + r * n;
-    const float inverse = 1.0f / sqrtf(squares / (float)n + eps);
+static void norm_row(const void *context, int64_t r, float *to) {
+    const Norm *a = context;
+    const int64_t n = a->n;
+    float *sr = a->delta != 0 ? a->sum_out + r * n : 0;
+    const float squares = squares_of(a->x + r * n, a->delta != 0 ? a->delta + r * n : 0, sr, n);
+    const float *xr = sr != 0 ? sr : a->x + r * n;
+    const float inverse = 1.0f / sqrtf(squares / (float)n + a->eps);
+    const float *weight = a->weight;
     int64_t i = 0;
 #if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
     const VecF scale = vec_set1(inverse);
@@ -56,32 +67,16 @@ static void norm_row(const float *x, const float *delta, float *sum_out, const f
 
 void rms_norm(const float *x, const float *delta, float *sum_out, const float *weight, int64_t rows, int64_t n,
               float eps, float *out, int threads) {
+    const Norm norm = {x, delta, sum_out, weight, n, eps};
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 16)
-    for (int64_t r = 0; r < rows; r++) norm_row(x, delta, sum_out, weight, r, n, eps, out + r * n);
+    for (int64_t r = 0; r < rows; r++) norm_row(&norm, r, out + r * n);
 }
 
-// rms_norm's rows rounded as the products round their rows (round_row_one_digit), each normalised into a
-// thread's buffer and rounded from there: the product that takes them reads them once, a quarter of their
-// fp32 bytes, and no fp32 copy goes out to memory.
+// rms_norm's rows rounded as the products round their rows (round_rows_of), each normalised into a thread's
+// buffer and rounded from there: the product that takes them reads them once, a quarter of their fp32 bytes,
+// and no fp32 copy goes out to memory.
 int rms_norm_rounded(const float *x, const float *delta, float *sum_out, const float *weight, int64_t rows,
                      int64_t n, float eps, int8_t *codes, float *step, int32_t *total, float *sum, int threads) {
-    if (n % GROUP) return KERNELS_BAD_SHAPE;
-    const int64_t groups = n / GROUP;
-    int failed = 0;
-#pragma omp parallel num_threads(threads) if (rows > 1)
-    {
-        static _Thread_local Scratch scratch;
-        float *row = scratch_reserve(&scratch, sizeof(float) * (size_t)n);
-        if (row == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            if (row == NULL) continue;
-            norm_row(x, delta, sum_out, weight, r, n, eps, row);
-            round_row_one_digit(row, n, codes + r * n, step + r * groups, total + r * groups, sum + r * groups);
-        }
-    }
-    return failed ? KERNELS_NO_MEMORY : KERNELS_OK;
+    const Norm norm = {x, delta, sum_out, weight, n, eps};
+    return round_rows_of(norm_row, &norm, rows, n, codes, step, total, sum, threads);
 }

@@ -99,10 +99,15 @@ static inline void *scratch_reserve(Scratch *s, size_t bytes) {
     return data;
 }
 
-// One row of x [K] rounded to one int8 digit per group of 32 columns as the quantized products round their
-// rows (quant_gemm.c): q [K], and per group its step, its digits' total and their sum times the step. The layers
-// that hand their output to a product rounded (rms_norm_rounded, silu_mul_rounded) round each row with it.
-void round_row_one_digit(const float *x, int64_t K, int8_t *q, float *step, int32_t *total, float *sum);
+// Row r of a layer's output, computed into `to` from the layer's arguments `context`.
+typedef void (*RowOf)(const void *context, int64_t r, float *to);
+
+// A layer's rows [rows, n] (n a multiple of 32), each computed by row_of into a thread's buffer and rounded from
+// there to one int8 digit per group of 32 columns as the quantized products round their rows (quant_gemm.c):
+// codes [rows, n], and per row and group its step, its digits' total and their sum times the step. For the
+// layers that hand their output to a product rounded (rms_norm_rounded, silu_mul_rounded).
+int round_rows_of(RowOf row_of, const void *context, int64_t rows, int64_t n, int8_t *codes, float *step,
+                  int32_t *total, float *sum, int threads);
 
 // fp32 -> bf16 bits, rounded to nearest even (torch's cast): the pool's and the dequantized weights'
 // rounding.
