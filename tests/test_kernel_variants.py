@@ -435,6 +435,18 @@ def test_paged_attention_of_requests_sharing_a_prefix_is_each_one_s_alone(
                 assert relative_error(batch[b], softmax_attention(q[b].bfloat16(), keys, values)) < 1e-2, b
             else:
                 assert relative_error(batch[b], softmax_attention(q[b], keys, values)) < REFERENCE_TOLERANCE, b
+    # The same bits with q, k and v read where a fused QKV output holds them: each request's heads contiguous,
+    # its rows further apart (the fused decode step's), the body's groups gathering their queries from there.
+    qkv = torch.cat([q, k, v], dim=1)
+    fused = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+    for reference in (False, True):
+        outputs = [
+            kernels.paged_decode_attention(
+                *rows, out_slots, k_pool.clone(), v_pool.clone(), kv_slots, torch.tensor(lens), reference=reference
+            )
+            for rows in ((q, k, v), fused)
+        ]
+        assert torch.equal(*outputs), reference
 
 
 def test_paged_attention_of_an_empty_batch_is_empty(kernels: CpuKernels) -> None:

@@ -63,8 +63,7 @@ class PagedDecode(DecodeAttention):
         self.paged, self.kernels = paged, kernels
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        p = self.paged  # the new K/V are stored by the same call; the kernel takes each contiguous
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        p = self.paged  # the new K/V are stored by the same call; the kernel reads q, k and v where they lie
         return self.kernels.paged_decode_attention(
             q, k, v, p.out_slots, p.k_pool[layer_id], p.v_pool[layer_id], p.kv_slots, p.kv_lens
         )

@@ -198,7 +198,7 @@ class PagedPrefill:
         )
         if self.decoding is not None:
             d = self.decoding  # stores its rows' K/V again (the same bits), then attends
-            rows_q, rows_k, rows_v = (t.index_select(0, d.rows).contiguous() for t in (q, k, v))
+            rows_q, rows_k, rows_v = (t.index_select(0, d.rows) for t in (q, k, v))
             out_slots = self.out_slots.index_select(0, d.rows)
             out[d.rows] = self.kernels.paged_decode_attention(
                 rows_q, rows_k, rows_v, out_slots, k_pool, v_pool, d.kv_slots, d.kv_lens

@@ -525,23 +525,25 @@ class CpuKernels:
         """``q``: [batch, heads, d] fp32; ``k``, ``v``: [batch, kv_heads, d] fp32, first stored at
         ``out_slots`` of ``k_pool``, ``v_pool`` (one layer's [slots, kv_heads, d], fp32 or bf16,
         written in place); ``kv_slots``: [batch, n] int64, of which row b's first ``kv_lens[b]`` are
-        attended → [batch, heads * d]."""
-        _check("q", q, (torch.float32,), (None, None, None))
-        batch, heads, d = q.shape
+        attended → [batch, heads * d]. q, k and v hold each request's heads contiguous, its rows any
+        number of floats apart (views into the fused QKV output, as ``store_kv`` takes them)."""
+        batch, heads, d = _check_token_rows("q", q)
         _check("k_pool", k_pool, (torch.float32, torch.bfloat16), (None, None, d))
         slots, kv_heads = k_pool.shape[0], k_pool.shape[1]
         _check("v_pool", v_pool, (k_pool.dtype,), tuple(k_pool.shape))
         _check_heads(heads, kv_heads, d)
-        _check("k", k, (torch.float32,), (batch, kv_heads, d))
-        _check("v", v, (torch.float32,), (batch, kv_heads, d))
+        for name, t in (("k", k), ("v", v)):
+            if _check_token_rows(name, t) != (batch, kv_heads, d):
+                raise ValueError(f"{name} must have shape {[batch, kv_heads, d]}, got {list(t.shape)}")
         _check("out_slots", out_slots, (torch.int64,), (batch,))
         _check("kv_slots", kv_slots, (torch.int64,), (batch, None))
         _check("kv_lens", kv_lens, (torch.int64,), (batch,))
         out = torch.empty(batch, heads * d)
         p = self.pointer
         args = (
-            p(q), p(k), p(v), p(out_slots), p(k_pool), p(v_pool), slots, int(k_pool.dtype == torch.bfloat16),
-            p(kv_slots), kv_slots.shape[1], p(kv_lens), batch, heads, kv_heads, d, d**-0.5, p(out),
+            p(q), q.stride(0), p(k), k.stride(0), p(v), v.stride(0), p(out_slots), p(k_pool), p(v_pool), slots,
+            int(k_pool.dtype == torch.bfloat16), p(kv_slots), kv_slots.shape[1], p(kv_lens), batch, heads, kv_heads,
+            d, d**-0.5, p(out),
         )  # fmt: skip
         if reference:
             self.raise_for("paged_decode_attention_ref", self.lib.paged_decode_attention_ref(*args))

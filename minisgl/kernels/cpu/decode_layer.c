@@ -25,7 +25,7 @@ static int project(const Projection *w, const Step *s, const float *x, int64_t K
 int64_t decode_layer_scratch(int64_t batch, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
                              int64_t intermediate) {
     const int64_t qkv = (heads + 2 * kv_heads) * head_dim, qk = (heads + kv_heads) * head_dim;
-    return batch * (2 * hidden + qkv + qk + 2 * heads * head_dim + 2 * kv_heads * head_dim + 3 * intermediate);
+    return batch * (2 * hidden + qkv + qk + heads * head_dim + 3 * intermediate);
 }
 
 // delta: [batch, hidden], added to the residual stream `residual` (in place) unless `first`,
@@ -33,9 +33,9 @@ int64_t decode_layer_scratch(int64_t batch, int64_t hidden, int64_t heads, int64
 // the next layer adds. Returns a kernel's error code, or KERNELS_OK.
 static int decode_layer(const Layer *l, const Step *s, const float *delta, int first, float *residual, float *out) {
     const int64_t b = s->batch, d = l->head_dim, qk_heads = l->heads + l->kv_heads;
-    const int64_t qkv_width = (qk_heads + l->kv_heads) * d, kv_width = l->kv_heads * d, q_width = l->heads * d;
-    float *h = s->scratch, *qkv = h + b * l->hidden, *qk = qkv + b * qkv_width, *q = qk + b * qk_heads * d;
-    float *k = q + b * q_width, *v = k + b * kv_width, *attn = v + b * kv_width, *o = attn + b * q_width;
+    const int64_t qkv_width = (qk_heads + l->kv_heads) * d, q_width = l->heads * d;
+    float *h = s->scratch, *qkv = h + b * l->hidden, *qk = qkv + b * qkv_width, *attn = qk + b * qk_heads * d;
+    float *o = attn + b * q_width;
     float *gate_up = o + b * l->hidden, *act = gate_up + 2 * b * l->intermediate;
     const size_t element = s->kv_bf16 ? sizeof(uint16_t) : sizeof(float);
     void *k_pool = (char *)s->k_pool + (size_t)(l->layer * s->pool_layer_stride) * element;
@@ -59,14 +59,10 @@ static int decode_layer(const Layer *l, const Step *s, const float *delta, int f
             rms_norm(row + q_width, 0, 0, l->k_norm, l->kv_heads, d, l->eps, row + q_width, 1);
         }
     rotary(qkv, qkv_width, b, qk_heads, d, s->cos, s->sin, qk, s->threads);
-    for (int64_t r = 0; r < b; r++) {  // attention takes Q, K and V contiguous per request
-        memcpy(q + r * q_width, qk + r * qk_heads * d, sizeof(float) * (size_t)q_width);
-        memcpy(k + r * kv_width, qk + r * qk_heads * d + q_width, sizeof(float) * (size_t)kv_width);
-        memcpy(v + r * kv_width, qkv + r * qkv_width + qk_heads * d, sizeof(float) * (size_t)kv_width);
-    }
-    failed = paged_decode_attention(q, k, v, s->out_slots, k_pool, v_pool, s->pool_slots, s->kv_bf16, s->kv_slots,
-                                    s->kv_stride, s->kv_lens, b, l->heads, l->kv_heads, d, 1.0f / sqrtf((float)d),
-                                    attn, s->threads);
+    // Q and K (rotated) from qk's rows, V from qkv's, where they lie.
+    failed = paged_decode_attention(qk, qk_heads * d, qk + q_width, qk_heads * d, qkv + qk_heads * d, qkv_width,
+                                    s->out_slots, k_pool, v_pool, s->pool_slots, s->kv_bf16, s->kv_slots, s->kv_stride,
+                                    s->kv_lens, b, l->heads, l->kv_heads, d, 1.0f / sqrtf((float)d), attn, s->threads);
     if (failed) return failed;
     failed = project(&l->o, s, attn, q_width, l->hidden, o);
     if (failed) return failed;

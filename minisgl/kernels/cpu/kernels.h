@@ -115,18 +115,20 @@ int mlp_bf16(const float *x, int64_t rows, int64_t H, const Projection *gate_up,
 int mlp_bf16_ref(const float *x, int64_t rows, int64_t H, const Projection *gate_up, int64_t I, const Projection *down,
                  float *y);
 
+// Request b's query heads, new key and new value each lie contiguous, q_stride, k_stride and v_stride floats after
+// request b - 1's (views into the fused QKV output, as store_new_kv takes its rows).
 // The slots and lengths are checked against `slots` (the pool's) and `stride` before anything is written. With a
 // bf16 pool (kv_bf16) the products are bf16 by bf16 where decode_attention_bf16() (the queries and softmax weights
 // rounded to bf16, sums in fp32; the reference likewise), else fp32.
 int decode_attention_bf16(void);
-int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,
-                           void *v_pool, int64_t slots, int kv_bf16, const int64_t *kv_slots, int64_t stride,
-                           const int64_t *kv_lens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t d,
-                           float scale, float *out, int threads);
-int paged_decode_attention_ref(const float *q, const float *k, const float *v, const int64_t *out_slots,
-                               void *k_pool, void *v_pool, int64_t slots, int kv_bf16, const int64_t *kv_slots,
-                               int64_t stride, const int64_t *kv_lens, int64_t batch, int64_t heads,
-                               int64_t kv_heads, int64_t d, float scale, float *out);
+int paged_decode_attention(const float *q, int64_t q_stride, const float *k, int64_t k_stride, const float *v,
+                           int64_t v_stride, const int64_t *out_slots, void *k_pool, void *v_pool, int64_t slots,
+                           int kv_bf16, const int64_t *kv_slots, int64_t stride, const int64_t *kv_lens, int64_t batch,
+                           int64_t heads, int64_t kv_heads, int64_t d, float scale, float *out, int threads);
+int paged_decode_attention_ref(const float *q, int64_t q_stride, const float *k, int64_t k_stride, const float *v,
+                               int64_t v_stride, const int64_t *out_slots, void *k_pool, void *v_pool, int64_t slots,
+                               int kv_bf16, const int64_t *kv_slots, int64_t stride, const int64_t *kv_lens,
+                               int64_t batch, int64_t heads, int64_t kv_heads, int64_t d, float scale, float *out);
 
 // An extend pass's new keys and values stored at their slots (paged_attention.c): token t's k (its heads
 // contiguous, k_stride floats after token t - 1's: a view into the fused QKV output) and v at out_slots[t] of

@@ -50,7 +50,8 @@ static int check_new_kv(const int64_t *out_slots, int64_t tokens, int64_t slots,
     return KERNELS_OK;
 }
 
-// q: [batch, heads, d]; k, v: [batch, kv_heads, d], stored at out_slots[b] of k_pool, v_pool:
+// q: [batch, heads, d]; k, v: [batch, kv_heads, d] (each request's row q_stride, k_stride, v_stride floats after
+// the one before: kernels.h), stored at out_slots[b] of k_pool, v_pool:
 // [slots, kv_heads, d] (one layer's, bf16 if kv_bf16 else fp32); kv_slots: [batch, stride] slot of
 // each key, the first kv_lens[b] of each row attended; out: [batch, heads, d]. The slots and lengths
 // are checked before anything is written (a pass over batch x attended keys: little beside the
@@ -103,16 +104,16 @@ static void store_kv_plain(void *pool, int64_t at, const float *x, int64_t count
     }
 }
 
-int paged_decode_attention_ref(const float *q, const float *k, const float *v, const int64_t *out_slots,
-                               void *k_pool, void *v_pool, int64_t slots, int kv_bf16, const int64_t *kv_slots,
-                               int64_t stride, const int64_t *kv_lens, int64_t batch, int64_t heads,
-                               int64_t kv_heads, int64_t d, float scale, float *out) {
+int paged_decode_attention_ref(const float *q, int64_t q_stride, const float *k, int64_t k_stride, const float *v,
+                               int64_t v_stride, const int64_t *out_slots, void *k_pool, void *v_pool, int64_t slots,
+                               int kv_bf16, const int64_t *kv_slots, int64_t stride, const int64_t *kv_lens,
+                               int64_t batch, int64_t heads, int64_t kv_heads, int64_t d, float scale, float *out) {
     const int invalid = check_arguments(out_slots, slots, kv_slots, stride, kv_lens, batch, heads, kv_heads, d);
     if (invalid) return invalid;
     const int64_t group = heads / kv_heads, row = kv_heads * d;
     for (int64_t b = 0; b < batch; b++) {
-        store_kv_plain(k_pool, out_slots[b] * row, k + b * row, row, kv_bf16);
-        store_kv_plain(v_pool, out_slots[b] * row, v + b * row, row, kv_bf16);
+        store_kv_plain(k_pool, out_slots[b] * row, k + b * k_stride, row, kv_bf16);
+        store_kv_plain(v_pool, out_slots[b] * row, v + b * v_stride, row, kv_bf16);
     }
     int64_t longest = 1;
     for (int64_t b = 0; b < batch; b++) longest = kv_lens[b] > longest ? kv_lens[b] : longest;
@@ -123,7 +124,7 @@ int paged_decode_attention_ref(const float *q, const float *k, const float *v, c
     for (int64_t b = 0; b < batch; b++)
         for (int64_t h = 0; h < heads; h++) {
             const int64_t kv = h / group, n = kv_lens[b];
-            for (int64_t i = 0; i < d; i++) qh[i] = bf16_products(q[(b * heads + h) * d + i], rounded);
+            for (int64_t i = 0; i < d; i++) qh[i] = bf16_products(q[b * q_stride + h * d + i], rounded);
             float top = -INFINITY, total = 0.0f;
             for (int64_t j = 0; j < n; j++) {
                 const int64_t key = (kv_slots[b * stride + j] * kv_heads + kv) * d;
@@ -611,11 +612,11 @@ typedef struct {
 } Task;
 
 // A thread's buffers: scores ([rows of a task, widest]), staged keys and values ([widest, d] each, fp32; the
-// AVX-512 builds stage; bf16 products stage their value pairs in the keys' part), row offsets and staged keys'
-// offsets ([widest] each), and for bf16 products the rounded queries ([rows, padded_dim(d)]) and weights
-// ([rows, widest]).
+// AVX-512 builds stage; bf16 products stage their value pairs in the keys' part), a group's query rows ([rows,
+// d]: gather_queries), row offsets and staged keys' offsets ([widest] each), and for bf16 products the rounded
+// queries ([rows, padded_dim(d)]) and weights ([rows, widest]).
 typedef struct {
-    float *scores, *staged_keys, *staged_values;
+    float *scores, *staged_keys, *staged_values, *group_queries;
     int64_t *rows, *staged_rows;
     uint16_t *queries, *weights;
 } Buffers;
@@ -756,7 +757,7 @@ typedef struct {
     int64_t member;       // its place in that group, 0 for the first
     int64_t width;        // a group's first: its members (1 alone)
     int64_t shared;       // a group's first: the whole chunks every member has in the run they share
-    int64_t queries;      // a group's first, where shared > 0: its first row of the gathered queries
+    int64_t members;      // a group's first, where shared > 0: where its members' indices start in `members`
 } Request;
 
 // A unit of work before the split by KV heads: chunk `part` of a request's keys, for its own query
@@ -794,6 +795,19 @@ static void find_groups(Request *req, const int64_t *kv_slots, int64_t stride, c
         if (req[b].leader == b) req[b].shared = req[b].width > 1 ? req[b].shared / req[b].keys : 0;
 }
 
+// A group's query rows for KV heads first .. first + per_task, member after member within each head ([per_task,
+// width, group, d]: a task's rows in one run, as a request's lie in q), members[m] the request of member m.
+// Gathered by the thread that attends them, into its own buffer: copied by the calling thread for every task
+// before the parallel part, they held every task up, the copies' lines being the other core's since the layer
+// before (docs/benchmarks/session42-amd/decode_attention_ab.txt).
+static void gather_queries(const float *q, int64_t q_stride, const int64_t *members, int64_t width, int64_t group,
+                           int64_t first, int64_t per_task, int64_t d, float *to) {
+    for (int64_t h = 0; h < per_task; h++)
+        for (int64_t m = 0; m < width; m++)
+            memcpy(to + (h * width + m) * group * d, q + members[m] * q_stride + (first + h) * group * d,
+                   sizeof(float) * (size_t)(group * d));
+}
+
 // The partial-sum row of query head h * group + a of request b in its chunk c: in a shared chunk, the
 // member's place among its group's rows.
 static int64_t chunk_row(const Request *req, const Unit *unit, const int64_t *chunk_unit, int64_t most, int64_t b,
@@ -803,16 +817,16 @@ static int64_t chunk_row(const Request *req, const Unit *unit, const int64_t *ch
     return u->row0 + (h * u->width + (shared ? req[b].member : 0)) * group + a;  // its tasks' rows, head after head
 }
 
-int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,
-                           void *v_pool, int64_t slots, int kv_bf16, const int64_t *kv_slots, int64_t stride,
-                           const int64_t *kv_lens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t d,
-                           float scale, float *out, int threads) {
+int paged_decode_attention(const float *q, int64_t q_stride, const float *k, int64_t k_stride, const float *v,
+                           int64_t v_stride, const int64_t *out_slots, void *k_pool, void *v_pool, int64_t slots,
+                           int kv_bf16, const int64_t *kv_slots, int64_t stride, const int64_t *kv_lens, int64_t batch,
+                           int64_t heads, int64_t kv_heads, int64_t d, float scale, float *out, int threads) {
     const int invalid = check_arguments(out_slots, slots, kv_slots, stride, kv_lens, batch, heads, kv_heads, d);
     if (invalid) return invalid;
     const int64_t group = heads / kv_heads, row = kv_heads * d;
     for (int64_t b = 0; b < batch; b++) {
-        store_kv(k_pool, out_slots[b] * row, k + b * row, row, kv_bf16);
-        store_kv(v_pool, out_slots[b] * row, v + b * row, row, kv_bf16);
+        store_kv(k_pool, out_slots[b] * row, k + b * k_stride, row, kv_bf16);
+        store_kv(v_pool, out_slots[b] * row, v + b * v_stride, row, kv_bf16);
     }
     const int64_t row_bytes = row * (kv_bf16 ? 2 : 4);
     static _Thread_local Scratch plan;  // the calling thread's, for its next call
@@ -829,22 +843,26 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
     find_groups(req, kv_slots, stride, kv_lens, batch);
     // The units, chunk outer (requests that share rows read them close together in time), and
     // chunk_unit[b * most + p]: the unit of chunk p of request b (its group's, for a shared chunk).
+    // members: the requests of each group that shares chunks, in member order (Request.members).
     static _Thread_local Scratch units_scratch;
     Unit *unit = scratch_reserve(&units_scratch, sizeof(Unit) * (size_t)(all_parts + 1) +
-                                                     sizeof(int64_t) * (size_t)(batch * most + 1));
+                                                     sizeof(int64_t) * (size_t)(batch * most + batch + 1));
     if (unit == NULL) return KERNELS_NO_MEMORY;
-    int64_t *chunk_unit = (int64_t *)(unit + all_parts + 1);
-    int64_t units = 0, max_width = 1, gathered = 0;  // gathered: the query rows of the groups' units
+    int64_t *chunk_unit = (int64_t *)(unit + all_parts + 1), *members = chunk_unit + batch * most;
+    int64_t listed = 0;
+    for (int64_t b = 0; b < batch; b++)
+        if (req[b].leader == b && req[b].shared > 0) req[b].members = listed, listed += req[b].width;
+    for (int64_t b = 0; b < batch; b++) {
+        const Request *first = &req[req[b].leader];
+        if (first->shared > 0) members[first->members + req[b].member] = b;
+    }
+    int64_t units = 0, max_width = 1;
     for (int64_t p = 0; p < most; p++)
         for (int64_t b = 0; b < batch; b++) {
             const Request *first = &req[req[b].leader];
             if (req[b].leader == b && p < first->shared) {
                 unit[units] = (Unit){b, p, first->width, 0};
                 max_width = first->width > max_width ? first->width : max_width;
-                if (p == 0) {  // the group's query rows, once
-                    req[b].queries = gathered;
-                    gathered += first->width * heads;
-                }
             } else if (p >= first->shared && p < req[b].parts) {
                 unit[units] = (Unit){b, p, 1, 0};
             } else {
@@ -859,21 +877,11 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
         unit[u].row0 = total_rows;
         total_rows += blocks * per_task * unit[u].width * group;
     }
-    // Each task row's unnormalised sums, largest score and total; then the groups' queries, each group's
-    // as [kv_heads, width, group, d], so that a task's query rows lie in one run as a request's do.
+    // Each task row's unnormalised sums, largest score and total.
     static _Thread_local Scratch partial_scratch;
-    float *partial =
-        scratch_reserve(&partial_scratch, sizeof(float) * (size_t)(total_rows * (d + 2) + gathered * d + 1));
+    float *partial = scratch_reserve(&partial_scratch, sizeof(float) * (size_t)(total_rows * (d + 2) + 1));
     if (partial == NULL) return KERNELS_NO_MEMORY;
-    float *tops = partial + total_rows * d, *totals = tops + total_rows, *group_queries = totals + total_rows;
-    for (int64_t b = 0; b < batch; b++) {
-        const Request *first = &req[req[b].leader];
-        if (first->shared == 0) continue;
-        float *rows = group_queries + first->queries * d;
-        for (int64_t h = 0; h < kv_heads; h++)
-            memcpy(rows + (h * first->width + req[b].member) * group * d, q + (b * heads + h * group) * d,
-                   sizeof(float) * (size_t)(group * d));
-    }
+    float *tops = partial + total_rows * d, *totals = tops + total_rows;
     const int64_t max_task_rows = per_task * max_width * group;
 #if defined(KERNELS_AVX512)
     const int bf16_dots = multiplies_in_bf16(kv_bf16);
@@ -885,7 +893,9 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
         static _Thread_local Scratch scratch;
         const int64_t score_floats = max_task_rows * widest, staged_floats = STAGED_PER_KEY(d) * widest;
         const int64_t query_values = max_task_rows * padded_dim(d);
-        float *scores = scratch_reserve(&scratch, sizeof(float) * (size_t)(score_floats + staged_floats) +
+        const int64_t group_floats = max_width > 1 ? max_task_rows * d : 0;  // gather_queries'
+        const int64_t floats = score_floats + staged_floats + group_floats;
+        float *scores = scratch_reserve(&scratch, sizeof(float) * (size_t)floats +
                                                       sizeof(int64_t) * (size_t)(2 * widest) +
                                                       sizeof(uint16_t) * (size_t)(query_values + score_floats));
         if (scores == NULL) {
@@ -896,7 +906,8 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
         if (scores != NULL) {
             buffers.staged_keys = scores + score_floats;
             buffers.staged_values = buffers.staged_keys + staged_floats / 2;
-            buffers.rows = (int64_t *)(buffers.staged_keys + staged_floats);
+            buffers.group_queries = buffers.staged_keys + staged_floats;
+            buffers.rows = (int64_t *)(buffers.group_queries + group_floats);
             buffers.staged_rows = buffers.rows + widest;
             buffers.queries = (uint16_t *)(buffers.staged_rows + widest);
             buffers.weights = buffers.queries + query_values;
@@ -910,8 +921,12 @@ int paged_decode_attention(const float *q, const float *k, const float *v, const
             const int64_t keys = (n + KEYS - 1) / KEYS * KEYS;  // a last partial block dots the chunk's key 0 again
             const int64_t first = t % blocks * per_task;         // its first KV head
             const int64_t rows_per_head = u->width * group, task_rows = per_task * rows_per_head;
-            const float *qt = u->width > 1 ? group_queries + (req[b].queries + first * rows_per_head) * d
-                                           : q + (b * heads + first * group) * d;
+            const float *qt = q + b * q_stride + first * group * d;
+            if (u->width > 1) {
+                gather_queries(q, q_stride, members + req[b].members, u->width, group, first, per_task, d,
+                               buffers.group_queries);
+                qt = buffers.group_queries;
+            }
             const int64_t at = u->row0 + t % blocks * task_rows;
             float *sums = partial + at * d, *top = tops + at, *total = totals + at;
             const int64_t *slots = kv_slots + b * stride + start;
@@ -979,13 +994,13 @@ int store_new_kv(const float *k, int64_t k_stride, const float *v, int64_t v_str
 
 #else  // no SIMD: the reference is the body
 
-int paged_decode_attention(const float *q, const float *k, const float *v, const int64_t *out_slots, void *k_pool,
-                           void *v_pool, int64_t slots, int kv_bf16, const int64_t *kv_slots, int64_t stride,
-                           const int64_t *kv_lens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t d,
-                           float scale, float *out, int threads) {
+int paged_decode_attention(const float *q, int64_t q_stride, const float *k, int64_t k_stride, const float *v,
+                           int64_t v_stride, const int64_t *out_slots, void *k_pool, void *v_pool, int64_t slots,
+                           int kv_bf16, const int64_t *kv_slots, int64_t stride, const int64_t *kv_lens, int64_t batch,
+                           int64_t heads, int64_t kv_heads, int64_t d, float scale, float *out, int threads) {
     (void)threads;
-    return paged_decode_attention_ref(q, k, v, out_slots, k_pool, v_pool, slots, kv_bf16, kv_slots, stride, kv_lens,
-                                      batch, heads, kv_heads, d, scale, out);
+    return paged_decode_attention_ref(q, q_stride, k, k_stride, v, v_stride, out_slots, k_pool, v_pool, slots, kv_bf16,
+                                      kv_slots, stride, kv_lens, batch, heads, kv_heads, d, scale, out);
 }
 
 int store_new_kv(const float *k, int64_t k_stride, const float *v, int64_t v_stride, const int64_t *out_slots,
