@@ -399,9 +399,11 @@ def each_alone_and_batched(
 
 # (9, 3, 64) and (24, 8, 128): a group's shared chunks have at least 8 query rows per KV head (3 members x 3),
 # which take their keys and values staged in fp32 (paged_attention.c's STAGED_ROWS), and a member alone does not.
+# An fp32 pool takes fp32 products on every build (Intel's CPUs take them for bf16 pools too).
+@pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("heads, kv_heads, d", [(32, 32, 64), (16, 8, 128), (9, 3, 64), (24, 8, 128), (4, 4, 64)])
 def test_paged_attention_of_requests_sharing_a_prefix_is_each_one_s_alone(
-    kernels: CpuKernels, heads: int, kv_heads: int, d: int
+    kernels: CpuKernels, pool_dtype: torch.dtype, heads: int, kv_heads: int, d: int
 ) -> None:
     """Requests whose keys begin with the same slots (a cached system prompt) have the whole chunks of
     that run attended once for all of them: each request's output must still be the same bits as
@@ -410,7 +412,7 @@ def test_paged_attention_of_requests_sharing_a_prefix_is_each_one_s_alone(
     of one size, several of them whole inside the shared run."""
     g = torch.Generator().manual_seed(d + heads)
     slots = 8192
-    k_pool, v_pool = (torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2))
+    k_pool, v_pool = (torch.randn(slots, kv_heads, d, generator=g).to(pool_dtype) for _ in range(2))
     free = torch.randperm(slots - 8, generator=g)
     system, chat, rest = free[:1024], free[1024:1624], free[1624:]
     lens = [1100, 700, 1500, 300, 2000, 650]
@@ -427,11 +429,11 @@ def test_paged_attention_of_requests_sharing_a_prefix_is_each_one_s_alone(
     q = torch.randn(len(lens), heads, d, generator=g)
     k, v = (torch.randn(len(lens), kv_heads, d, generator=g) for _ in range(2))
     stored = k_pool.clone(), v_pool.clone()  # the pools as the kernel leaves them: the new K/V at their slots
-    stored[0][out_slots], stored[1][out_slots] = k.bfloat16(), v.bfloat16()
+    stored[0][out_slots], stored[1][out_slots] = k.to(pool_dtype), v.to(pool_dtype)
     for batch in each_alone_and_batched(kernels, q, k, v, out_slots, (k_pool, v_pool), kv_slots, lens):
         for b, n in enumerate(lens):
             keys, values = stored[0][kv_slots[b, :n]], stored[1][kv_slots[b, :n]]
-            if kernels.decode_attention_bf16:  # the queries and weights rounded to bf16
+            if pool_dtype == torch.bfloat16 and kernels.decode_attention_bf16:  # queries and weights rounded to bf16
                 assert relative_error(batch[b], softmax_attention(q[b].bfloat16(), keys, values)) < 1e-2, b
             else:
                 assert relative_error(batch[b], softmax_attention(q[b], keys, values)) < REFERENCE_TOLERANCE, b
