@@ -797,9 +797,9 @@ static void find_groups(Request *req, const int64_t *kv_slots, int64_t stride, c
 
 // A group's query rows for KV heads first .. first + per_task, member after member within each head ([per_task,
 // width, group, d]: a task's rows in one run, as a request's lie in q), members[m] the request of member m.
-// Gathered by the thread that attends them, into its own buffer: copied by the calling thread for every task
-// before the parallel part, they held every task up, the copies' lines being the other core's since the layer
-// before (docs/benchmarks/session42-amd/decode_attention_ab.txt).
+// Gathered by the thread that attends them, into its own buffer, once a task (each of a group's shared chunks
+// gathers them again): copied once by the calling thread before the parallel part, they held every task up, the
+// copies' lines being the other core's since the layer before (docs/benchmarks/session42-amd/decode_attention_ab.txt).
 static void gather_queries(const float *q, int64_t q_stride, const int64_t *members, int64_t width, int64_t group,
                            int64_t first, int64_t per_task, int64_t d, float *to) {
     for (int64_t h = 0; h < per_task; h++)

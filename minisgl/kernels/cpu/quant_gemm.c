@@ -836,20 +836,10 @@ int int8_gemm(const float *x, int digits, int64_t rows, int64_t K, const int8_t 
     return gemm(8, x, digits, rows, K, codes, scale, NULL, N, y, threads);
 }
 
-int int4_gemm_rounded(const int8_t *x_codes, const float *x_step, const int32_t *x_total, const float *x_sum,
-                      int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum,
-                      int64_t N, float *y, int threads) {
-    if (K % GROUP) return KERNELS_BAD_SHAPE;
-    return gemm_rounded(4, rounded_rows(x_codes, x_step, x_total, x_sum), 1, rows, K, codes, scale, minimum, N, y,
-                        threads);
-}
-
-int int8_gemm_rounded(const int8_t *x_codes, const float *x_step, const int32_t *x_total, const float *x_sum,
-                      int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N, float *y,
-                      int threads) {
-    if (K % GROUP) return KERNELS_BAD_SHAPE;
-    return gemm_rounded(8, rounded_rows(x_codes, x_step, x_total, x_sum), 1, rows, K, codes, scale, NULL, N, y,
-                        threads);
+// The products of rows rounded by the layer that computed them (one digit).
+static int products_rounded(int bits, RoundedX xr, int64_t rows, int64_t K, const void *codes, const void *scale,
+                            const uint16_t *minimum, int64_t N, float *y, int threads) {
+    return gemm_rounded(bits, xr, 1, rows, K, codes, scale, minimum, N, y, threads);
 }
 
 #else  // no SIMD: the references are the bodies
@@ -866,27 +856,33 @@ int int8_gemm(const float *x, int digits, int64_t rows, int64_t K, const int8_t 
     return int8_gemm_ref(x, digits, rows, K, codes, scale, N, y);
 }
 
+static int products_rounded(int bits, RoundedX xr, int64_t rows, int64_t K, const void *codes, const void *scale,
+                            const uint16_t *minimum, int64_t N, float *y, int threads) {
+    (void)threads;
+    if (bits == 4)
+        int4_products_ref(&xr, 1, rows, K, codes, scale, minimum, N, y);
+    else
+        int8_products_ref(&xr, 1, rows, K, codes, scale, N, y);
+    return KERNELS_OK;
+}
+
+#endif
+
 int int4_gemm_rounded(const int8_t *x_codes, const float *x_step, const int32_t *x_total, const float *x_sum,
                       int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale, const uint16_t *minimum,
                       int64_t N, float *y, int threads) {
-    (void)threads;
     if (K % GROUP) return KERNELS_BAD_SHAPE;
-    const RoundedX xr = rounded_rows(x_codes, x_step, x_total, x_sum);
-    int4_products_ref(&xr, 1, rows, K, codes, scale, minimum, N, y);
-    return KERNELS_OK;
+    return products_rounded(4, rounded_rows(x_codes, x_step, x_total, x_sum), rows, K, codes, scale, minimum, N, y,
+                            threads);
 }
 
 int int8_gemm_rounded(const int8_t *x_codes, const float *x_step, const int32_t *x_total, const float *x_sum,
                       int64_t rows, int64_t K, const int8_t *codes, const float *scale, int64_t N, float *y,
                       int threads) {
-    (void)threads;
     if (K % GROUP) return KERNELS_BAD_SHAPE;
-    const RoundedX xr = rounded_rows(x_codes, x_step, x_total, x_sum);
-    int8_products_ref(&xr, 1, rows, K, codes, scale, N, y);
-    return KERNELS_OK;
+    return products_rounded(8, rounded_rows(x_codes, x_step, x_total, x_sum), rows, K, codes, scale, NULL, N, y,
+                            threads);
 }
-
-#endif
 
 int round_rows_of(RowOf row_of, const void *context, int64_t rows, int64_t n, int8_t *codes, float *step,
                   int32_t *total, float *sum, int threads) {

@@ -60,7 +60,8 @@ static void norm_row(const void *context, int64_t r, float *to) {
     int64_t i = 0;
 #if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
     const VecF scale = vec_set1(inverse);
-    for (; i + WIDTH <= n; i += WIDTH) vec_store(to + i, vec_mul(vec_load(weight + i), vec_mul(vec_load(xr + i), scale)));
+    for (; i + WIDTH <= n; i += WIDTH)
+        vec_store(to + i, vec_mul(vec_load(weight + i), vec_mul(vec_load(xr + i), scale)));
 #endif
     for (; i < n; i++) to[i] = weight[i] * (xr[i] * inverse);
 }
