@@ -60,12 +60,13 @@ MODES = (
 @contextmanager
 def two_digits_everywhere(model: DecoderForCausalLM) -> Iterator[None]:
     """While entered, every quantized product rounds x to two int8 digits, as the LM head's does; decode
-    steps run layer by layer (the fused step's products take one)."""
+    steps run layer by layer (the fused step's products take one), and no layer hands its products rows it
+    rounded to one digit (``QuantizedWeight.takes_rounded`` reads ``digits``)."""
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(model, "_fused_decoder", None))
         for w in model.modules():
             if isinstance(w, QuantizedWeight) and w.kernels is not None:
-                stack.enter_context(mock.patch.dict(w.__dict__, {"c_matmul": w.bind(w.kernels, 2)}))
+                stack.enter_context(mock.patch.dict(w.__dict__, {"c_matmul": w.bind(w.kernels, 2), "digits": 2}))
         yield
 
 

@@ -456,6 +456,41 @@ def test_fused_decode_rounds_every_projection_to_one_digit(auto_llm: LLM, monkey
     auto_llm.scheduler.check_accounting()
 
 
+def test_quality_benchmarks_two_digit_products_run_every_pass(auto_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks.quality``'s "two digits in every product" row: inside it no layer hands its products rows
+    rounded to one digit, so a prefill pass runs and its logits differ from the one-digit pass's; after it the
+    layers take one digit again."""
+    from benchmarks.quality import two_digits_everywhere
+
+    engine = auto_llm.scheduler.engine
+    model = engine.model
+    if model.kernels is None:
+        pytest.skip("no C kernels here")
+    run_model, logits = engine.run_model, []
+
+    def recording(batch: Batch) -> torch.Tensor:
+        out = run_model(batch)
+        logits.append(out.clone())
+        return out
+
+    def prefill() -> torch.Tensor:
+        logits.clear()
+        auto_llm.flush_cache()
+        auto_llm.generate([[5, 9, 200, 17, 33] * 20], SamplingParams(max_tokens=1), use_tqdm=False)
+        return logits[0]
+
+    monkeypatch.setattr(engine, "run_model", recording)
+    layers = [w for w in model.model.layers.modules() if isinstance(w, QuantizedWeight)]
+    one_digit = prefill()
+    with two_digits_everywhere(model):
+        assert {w.digits for w in layers} == {2} and not any(w.takes_rounded(0) for w in layers)
+        two_digit = prefill()
+    assert {w.digits for w in layers} == {1}
+    assert not torch.equal(two_digit, one_digit)
+    assert torch.equal(prefill(), one_digit)
+    auto_llm.scheduler.check_accounting()
+
+
 @pytest.mark.parametrize(
     "kind, mode, variant",
     [
