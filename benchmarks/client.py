@@ -78,8 +78,10 @@ def request_body(prompt: str, output_len: int) -> dict[str, Any]:
 def client_session(connections: int = 0, timeout_s: float | None = None) -> aiohttp.ClientSession:
     """A client session with at most ``connections`` open at once (0: no limit), each request given
     ``timeout_s`` in all (None: no limit)."""
+    # A connection per request: llama-server (cpp-httplib) drops kept-alive connections while other streams run, and
+    # the next request written on one failed ("Can not write request body") in the multi-turn workload (session 43).
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=connections),
+        connector=aiohttp.TCPConnector(limit=connections, force_close=True),
         timeout=aiohttp.ClientTimeout(total=timeout_s),
         read_bufsize=2**20,  # a line (one event) must fit: a reader that falls behind gets many tokens in one
     )
