@@ -36,6 +36,9 @@ class SamplingRows:
     params: list[SamplingParams] = field(default_factory=list)
     generators: list[torch.Generator | None] = field(default_factory=list)
     grammars: list[GrammarMatcher | None] = field(default_factory=list)  # constrained rows' matchers
+    # A penalized row's request's output before the token it samples (its draft's tokens before it included);
+    # None for the other rows (``SamplingParams.penalized``).
+    outputs: list[list[int] | None] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

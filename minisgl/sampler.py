@@ -38,6 +38,18 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(logits, dim=-1)
 
 
+def adjust_logits(logits: torch.Tensor, params: SamplingParams, output: list[int] | None) -> None:
+    """One row of logits, in place: less for each token ``output`` holds (the presence penalty once, the
+    frequency penalty per occurrence), plus ``logit_bias``."""
+    if params.penalized and output:
+        tokens, counts = torch.unique(torch.tensor(output, device=logits.device), return_counts=True)
+        penalty = params.frequency_penalty * counts.to(logits.dtype) + params.presence_penalty
+        logits[tokens] -= penalty
+    if params.logit_bias:
+        tokens = torch.tensor(list(params.logit_bias), device=logits.device)
+        logits[tokens] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype, device=logits.device)
+
+
 @dataclass(frozen=True)
 class Sampled:
     next_ids: torch.Tensor  # [batch] int64 on the CPU; meaningless in the rows of ``errors``
@@ -64,8 +76,11 @@ class Sampler:
     def sample(self, logits: torch.Tensor, rows: SamplingRows) -> Sampled:
         """``logits``: [batch, vocab] → the next token of each row. Rows with a grammar sample only among
         the tokens it allows next (``logits`` is masked in place). A row whose own masking or sampling
-        fails is reported in ``errors`` instead of failing the batch: the error belongs to that request."""
-        errors = _mask_grammar_rows(logits, rows.grammars) if any(g is not None for g in rows.grammars) else {}
+        fails is reported in ``errors`` instead of failing the batch: the error belongs to that request.
+        Penalties and biases (``adjust_logits``) go first, in place too."""
+        errors = _adjust_rows(logits, rows)
+        if any(g is not None for g in rows.grammars):
+            errors |= _mask_grammar_rows(logits, rows.grammars)
         # max's indices are argmax's (the first of equal maxima), from a faster kernel than argmax's; the C
         # kernels' argmax gives the same indices faster still (docs/benchmarks/session34-spr/argmax.py).
         if self.kernels is not None and logits.is_cpu and logits.dtype == torch.float32 and logits.is_contiguous():
@@ -93,6 +108,18 @@ def _position_seed(seed: int, position: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
     return z ^ (z >> 31)
+
+
+def _adjust_rows(logits: torch.Tensor, rows: SamplingRows) -> dict[int, str]:
+    """``adjust_logits`` on every row that asks for it; row -> why, for those where it failed."""
+    errors: dict[int, str] = {}
+    for i, params in enumerate(rows.params):
+        if params.penalized or params.logit_bias:
+            try:
+                adjust_logits(logits[i], params, rows.outputs[i])
+            except Exception as e:  # noqa: BLE001 - whatever it is, only this row's request fails
+                errors[i] = f"penalties failed: {type(e).__name__}: {e}"
+    return errors
 
 
 def _mask_grammar_rows(logits: torch.Tensor, grammars: list[GrammarMatcher | None]) -> dict[int, str]:

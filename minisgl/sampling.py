@@ -22,6 +22,11 @@ MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
+# OpenAI's ranges: a penalty moves a logit by at most 2 per occurrence, a bias by at most 100 (enough to ban or
+# force a token); the biased tokens are bounded like the stop conditions, since each sampled row applies them.
+MAX_PENALTY = 2.0
+MAX_LOGIT_BIAS = 100.0
+MAX_LOGIT_BIAS_TOKENS = 300
 
 
 class RejectionCode(str, Enum):
@@ -54,6 +59,11 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # Subtracted from the logit of every token the output holds already: once for presence, once per
+    # occurrence for frequency (OpenAI's and vLLM's definitions; the prompt's tokens are not counted).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     # Constrained decoding, at most one (SGLang's names): the output matches this JSON schema (a dict
     # or its text), regular expression or EBNF grammar, and ends when the grammar does.
     json_schema: str | dict[str, Any] | None = None
@@ -65,6 +75,7 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
+        self.logit_bias = dict(self.logit_bias)
         if self.json_schema is not None:
             self.json_schema = schema_text(self.json_schema)
 
@@ -81,6 +92,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the output's own tokens move its next logits (presence or frequency penalty)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def validate(self, vocab_size: int) -> None:
         """Raise ``RequestRejected`` naming the first bad field."""
@@ -106,6 +122,19 @@ class SamplingParams:
         if any(not _is_int(t) or not 0 <= t < vocab_size for t in self.stop_token_ids):
             message = f"stop_token_ids must be token ids in [0, {vocab_size}), got {self.stop_token_ids!r}"
             raise _invalid("stop_token_ids", message)
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise _invalid(name, f"{name} must be in [{-MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value!r}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_TOKENS:
+            message = f"logit_bias may hold at most {MAX_LOGIT_BIAS_TOKENS} tokens, got {len(self.logit_bias)}"
+            raise _invalid("logit_bias", message)
+        for token, bias in self.logit_bias.items():
+            if not _is_int(token) or not 0 <= token < vocab_size:
+                raise _invalid("logit_bias", f"logit_bias keys must be token ids in [0, {vocab_size}), got {token!r}")
+            if not _is_real(bias) or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                message = f"logit_bias values must be in [{-MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias!r}"
+                raise _invalid("logit_bias", message)
         if self.seed is not None and (not _is_int(self.seed) or not MIN_SEED <= self.seed <= MAX_SEED):
             raise _invalid("seed", f"seed must be an integer in [{MIN_SEED}, {MAX_SEED}], got {self.seed!r}")
         try:

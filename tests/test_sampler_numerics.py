@@ -11,8 +11,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from minisgl.batch import SamplingRows
-from minisgl.sampler import Sampler, probabilities
-from minisgl.sampling import GREEDY_TEMPERATURE, MAX_TEMPERATURE, SamplingParams
+from minisgl.sampler import Sampler, adjust_logits, probabilities
+from minisgl.sampling import GREEDY_TEMPERATURE, MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TEMPERATURE, SamplingParams
 from tests.conftest import c_kernels_or_skip
 
 VOCAB = 32
@@ -35,17 +35,26 @@ accepted_params = st.builds(
     top_p=st.floats(0.0, 1.0, exclude_min=True),
     min_p=st.floats(0.0, 1.0),
     seed=st.integers(-(2**63), 2**63 - 1),
+    presence_penalty=st.one_of(st.just(0.0), st.floats(-MAX_PENALTY, MAX_PENALTY)),
+    frequency_penalty=st.one_of(st.just(0.0), st.floats(-MAX_PENALTY, MAX_PENALTY)),
+    logit_bias=st.dictionaries(st.integers(0, VOCAB - 1), st.floats(-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS), max_size=4),
 )
+outputs = st.lists(st.integers(0, VOCAB - 1), max_size=12)  # the request's tokens before the sampled one
 
 
 @settings(max_examples=400, deadline=None)
-@given(row=logit_rows, params=accepted_params)
-@example(row=[FLOAT32_MAX, -FLOAT32_MAX] * (VOCAB // 2), params=SamplingParams(temperature=1e-38))  # the issue
-@example(row=[0.0] * VOCAB, params=SamplingParams(temperature=GREEDY_TEMPERATURE, top_p=1e-300, min_p=1.0))
-def test_sampler_is_finite_for_every_accepted_value(row: list[float], params: SamplingParams) -> None:
+@given(row=logit_rows, params=accepted_params, output=outputs)
+@example(row=[FLOAT32_MAX, -FLOAT32_MAX] * (VOCAB // 2), params=SamplingParams(temperature=1e-38), output=[])
+@example(row=[0.0] * VOCAB, params=SamplingParams(temperature=GREEDY_TEMPERATURE, top_p=1e-300, min_p=1.0), output=[])
+def test_sampler_is_finite_for_every_accepted_value(
+    row: list[float], params: SamplingParams, output: list[int]
+) -> None:
     params.validate(VOCAB)  # the strategy draws only values the API accepts
     logits = torch.tensor(row, dtype=torch.float32)
-    sampled = Sampler().sample(logits[None], SamplingRows([params], [Sampler.generator_for(params, 0)]))
+    rows = SamplingRows([params], [Sampler.generator_for(params, 0)], [None], [output])
+    sampled = Sampler().sample(logits[None].clone(), rows)
+    adjust_logits(logits, params, output)  # the row the sampler saw
+    row = logits.tolist()
     assert sampled.errors == {}  # no row failed: the sampler has no error of its own to report
     token = int(sampled.next_ids[0])
     assert 0 <= token < VOCAB
@@ -59,6 +68,38 @@ def test_sampler_is_finite_for_every_accepted_value(row: list[float], params: Sa
     assert float(probs[token]) > 0.0
     if params.top_k > 0:  # the token is among the k largest logits (ties with the k-th count)
         assert row[token] >= sorted(row, reverse=True)[params.top_k - 1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(params=accepted_params, output=outputs, seed=st.integers(0, 2**31 - 1))
+def test_penalties_and_bias_against_a_plain_reference(params: SamplingParams, output: list[int], seed: int) -> None:
+    """Every token the output holds loses the presence penalty once and the frequency penalty per occurrence
+    (the prompt's tokens are not passed: they never count); the biased tokens gain their bias."""
+    logits = torch.randn(VOCAB, generator=torch.Generator().manual_seed(seed)) * 10
+    adjusted = logits.clone()
+    adjust_logits(adjusted, params, output)
+    for token in range(VOCAB):
+        count = output.count(token)
+        penalty = (params.frequency_penalty * count + params.presence_penalty) if count and params.penalized else 0.0
+        expected = float(logits[token]) - penalty + params.logit_bias.get(token, 0.0)
+        assert float(adjusted[token]) == pytest.approx(expected, rel=1e-6, abs=1e-4), token
+
+
+def test_a_biased_token_wins_greedy_and_a_penalized_one_loses_it() -> None:
+    logits = torch.tensor([[0.0, 5.0, 1.0, 2.0]] * 3)
+    params = [
+        SamplingParams(),
+        SamplingParams(logit_bias={2: 10.0}),
+        SamplingParams(frequency_penalty=2.0, presence_penalty=2.0),  # token 1 came out twice: 5 - 2 x 2 - 2 < 2
+    ]
+    rows = SamplingRows(params, [None] * 3, [None] * 3, [None, None, [1, 1, 0]])
+    assert Sampler().sample(logits, rows).next_ids.tolist() == [1, 2, 3]
+    with pytest.raises(ValueError, match="presence_penalty must be in"):
+        SamplingParams(presence_penalty=2.5).validate(4)
+    with pytest.raises(ValueError, match="logit_bias keys must be token ids in"):
+        SamplingParams(logit_bias={4: 1.0}).validate(4)
+    with pytest.raises(ValueError, match="logit_bias values must be in"):
+        SamplingParams(logit_bias={0: float("nan")}).validate(4)
 
 
 def test_temperature_below_the_threshold_is_greedy() -> None:

@@ -275,6 +275,25 @@ def test_n_samples_with_seed(server: Server) -> None:
     assert first.usage is not None and first.usage.completion_tokens == 8
 
 
+def test_penalties_and_logit_bias_match_offline(server: Server, offline: LLM) -> None:
+    prompt = "List the colors: red, blue, red, blue, red,"
+    penalties = {"presence_penalty": 0.5, "frequency_penalty": 1.5}
+    ref = offline.generate([prompt], _greedy(12, **penalties), use_tqdm=False)[0]
+    assert ref["token_ids"] != offline.generate([prompt], _greedy(12), use_tqdm=False)[0]["token_ids"]
+    client = server.openai()
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, **penalties)
+    assert out.choices[0].text == ref["text"]
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": 12, "temperature": 0, **penalties}}
+    assert server.post("/generate", json=body).json()["output_ids"] == ref["token_ids"]
+    forced = offline.tokenizer.encode(" banana", add_special_tokens=False)[0]
+    ref = offline.generate([prompt], _greedy(3, logit_bias={forced: 100.0}), use_tqdm=False)[0]
+    assert ref["token_ids"] == [forced] * 3
+    out = client.chat.completions.create(
+        model=MODEL, messages=_chat("Name a fruit."), max_tokens=3, temperature=0, logit_bias={str(forced): 100}
+    )
+    assert out.choices[0].message.content == offline.tokenizer.decode([forced] * 3)
+
+
 # -- native API, cache control -----------------------------------------------------------------
 def test_native_generate(server: Server, offline: LLM) -> None:
     prompt = "The three primary colors are"
@@ -392,6 +411,10 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("empty stop string", COMPLETIONS, {"prompt": "hi", "stop": [""]}, 400, "stop must be non-empty strings"),
     ("n too large", CHAT, {"messages": HI, "n": 5}, 400, "n must be in [1, 4]"),
     ("unsupported logprobs", CHAT, {"messages": HI, "logprobs": True}, 400, "logprobs is not supported"),
+    ("penalty too large", CHAT, {"messages": HI, "presence_penalty": 2.5}, 400, "presence_penalty must be in [-2, 2]"),
+    ("logit_bias key not an id", COMPLETIONS, {"prompt": "hi", "logit_bias": {"a": 1}}, 400, "logit_bias keys must be"),
+    ("logit_bias id out of range", CHAT, {"messages": HI, "logit_bias": {"99999999": 1}}, 400, "token ids in [0,"),
+    ("logit_bias too large", COMPLETIONS, {"prompt": "hi", "logit_bias": {"5": 101}}, 400, "in [-100, 100]"),
     ("unknown model", CHAT, {"model": "gpt-4", "messages": HI}, 404, "The model `gpt-4` does not exist"),
     ("missing prompt", COMPLETIONS, {"model": MODEL}, 400, "missing required field `prompt`"),
     ("empty prompt", COMPLETIONS, {"prompt": ""}, 400, "prompt is empty"),
@@ -428,6 +451,10 @@ REJECTIONS: list[tuple[str, str, Any, RejectionCode, str | None]] = [
     ("seed overflow with n", COMPLETIONS, {"prompt": "hi", "seed": 2**63 - 1, "n": 2, "temperature": 1},
      RejectionCode.INVALID_VALUE, "seed"),
     ("native top_p", GENERATE, {"text": "a", "sampling_params": {"top_p": 0}}, RejectionCode.INVALID_VALUE, "top_p"),
+    ("frequency penalty", COMPLETIONS, {"prompt": "hi", "frequency_penalty": -3}, RejectionCode.INVALID_VALUE,
+     "frequency_penalty"),
+    ("native logit_bias", GENERATE, {"text": "a", "sampling_params": {"logit_bias": {"-1": 2}}},
+     RejectionCode.INVALID_VALUE, "logit_bias"),
     ("token id out of range", COMPLETIONS, {"prompt": [1, 10**9]}, RejectionCode.INVALID_PROMPT, None),
     ("bad regex", GENERATE, {"text": "a", "sampling_params": {"regex": "(ab"}}, RejectionCode.INVALID_GRAMMAR, "regex"),
     ("two grammars", GENERATE, {"text": "a", "sampling_params": {"regex": "a", "ebnf": 'root ::= "a"'}},

@@ -357,6 +357,25 @@ def test_seeded_sampling_is_the_same_with_and_without_drafts(plain: LLM, spec: L
     assert_idle_balanced(spec)
 
 
+def test_penalties_and_logit_bias_are_the_same_with_and_without_drafts(plain: LLM, spec: LLM) -> None:
+    """A penalized row's output before it includes its draft's tokens before it, so drafts verify exactly: the
+    same greedy tokens with drafts as without, batched and alone."""
+    prompts = tiny_prompts()
+    params = [
+        SamplingParams(max_tokens=30, ignore_eos=True, presence_penalty=0.1 * (i % 3), frequency_penalty=0.05 * i,
+                       logit_bias={300 + i: 0.5} if i % 2 else {})
+        for i in range(len(prompts))
+    ]  # fmt: skip
+    reference = ids(run(plain, prompts, params))
+    assert reference != ids(run(plain, prompts, SamplingParams(max_tokens=30, ignore_eos=True)))
+    spec.flush_cache()
+    before = spec.stats()["accepted_draft_tokens"]
+    assert ids(run(spec, prompts, params)) == reference
+    assert ids([run(spec, [p], sp)[0] for p, sp in zip(prompts, params)]) == reference
+    assert spec.stats()["accepted_draft_tokens"] > before
+    assert_idle_balanced(spec)
+
+
 def test_sampled_distribution_is_unchanged(plain: LLM, spec: LLM) -> None:
     """Two independent samples (different seeds), with and without speculation, of the first three
     tokens after a prompt that drafts (top-k 3: 27 outcomes): a chi-square test of homogeneity with a bound loose enough

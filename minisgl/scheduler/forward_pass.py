@@ -62,6 +62,8 @@ class ForwardPass:
                     rows.params.append(req.params)
                     rows.generators.append(Sampler.generator_for(req.params, position))
                     rows.grammars.append(req.grammar)
+                    penalized = req.params.penalized
+                    rows.outputs.append(req.output_ids + draft[: position - req.seq_len] if penalized else None)
         pos = torch.tensor(positions, dtype=torch.int64, device=device)
         if len(sample_rows) == len(ids):
             # Every token is sampled (decoding, with or without a draft): each is one decode query

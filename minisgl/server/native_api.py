@@ -14,7 +14,7 @@ from minisgl.server.context import ServerContext, wait_for_disconnect
 from minisgl.server.engine_client import EngineDead
 from minisgl.server.errors import ApiError
 from minisgl.server.generation import Generation, Sample, SampleFailed, failure_error
-from minisgl.server.schemas import GenerateRequest, decode_body, stop_list
+from minisgl.server.schemas import GenerateRequest, decode_body, logit_bias_of, stop_list
 from minisgl.server.streaming import SSE_DONE, GenerationStream, sse
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
@@ -44,6 +44,9 @@ def native_router(ctx: ServerContext) -> APIRouter:
             stop=stop_list(sp.stop),
             stop_token_ids=sp.stop_token_ids or [],
             ignore_eos=sp.ignore_eos,
+            presence_penalty=sp.presence_penalty,
+            frequency_penalty=sp.frequency_penalty,
+            logit_bias=logit_bias_of(sp.logit_bias),
             json_schema=sp.json_schema,
             regex=sp.regex,
             ebnf=sp.ebnf,

@@ -32,6 +32,7 @@ from minisgl.server.schemas import (
     OpenAISampling,
     ResponseFormat,
     decode_body,
+    logit_bias_of,
     stop_list,
 )
 from minisgl.server.streaming import SSE_DONE, GenerationStream, sse
@@ -220,6 +221,9 @@ def _params(
         stop=stop_list(body.stop),
         stop_token_ids=body.stop_token_ids or [],
         ignore_eos=bool(body.ignore_eos),
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        logit_bias=logit_bias_of(body.logit_bias),
         json_schema=schema,
         ebnf=forced_call,
     )

@@ -79,22 +79,16 @@ class OpenAISampling(msgspec.Struct, kw_only=True):
     n: Int64 | None = None
     cache_salt: str | None = None  # prefix-cache namespace: only requests with the same salt share
     response_format: ResponseFormat | None = None
-    # Accepted only at their no-op values.
-    logprobs: bool | Int64 | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token ids as strings, as OpenAI's API sends them
+    # Accepted only at its no-op value.
+    logprobs: bool | Int64 | None = None
 
     def unsupported(self) -> str | None:
         """Name of a field set to something this engine does not implement."""
         if self.logprobs:
             return "logprobs"
-        if self.presence_penalty:
-            return "presence_penalty"
-        if self.frequency_penalty:
-            return "frequency_penalty"
-        if self.logit_bias:
-            return "logit_bias"
         return None
 
 
@@ -142,6 +136,9 @@ class NativeSamplingParams(msgspec.Struct, kw_only=True):
     stop: str | list[str] | None = None
     stop_token_ids: list[Int64] | None = None
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
@@ -157,6 +154,17 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
 
 def stop_list(stop: str | list[str] | None) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop or [])
+
+
+def logit_bias_of(bias: dict[str, float] | None) -> dict[int, float]:
+    """``logit_bias`` keyed by token id: JSON's keys are strings of decimal ids (a 400 for any other key);
+    the ids' and values' ranges are ``SamplingParams.validate``'s."""
+    parsed: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        if not key.isascii() or not key.lstrip("-").isdigit() or len(key) > 20:
+            raise ApiError(400, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
+        parsed[int(key)] = value
+    return parsed
 
 
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
