@@ -413,6 +413,7 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("unsupported logprobs", CHAT, {"messages": HI, "logprobs": True}, 400, "logprobs is not supported"),
     ("penalty too large", CHAT, {"messages": HI, "presence_penalty": 2.5}, 400, "presence_penalty must be in [-2, 2]"),
     ("logit_bias key not an id", COMPLETIONS, {"prompt": "hi", "logit_bias": {"a": 1}}, 400, "logit_bias keys must be"),
+    ("logit_bias key signed twice", CHAT, {"messages": HI, "logit_bias": {"--5": 1}}, 400, "logit_bias keys must be"),
     ("logit_bias id out of range", CHAT, {"messages": HI, "logit_bias": {"99999999": 1}}, 400, "token ids in [0,"),
     ("logit_bias too large", COMPLETIONS, {"prompt": "hi", "logit_bias": {"5": 101}}, 400, "in [-100, 100]"),
     ("unknown model", CHAT, {"model": "gpt-4", "messages": HI}, 404, "The model `gpt-4` does not exist"),

@@ -161,10 +161,13 @@ def logit_bias_of(bias: dict[str, float] | None) -> dict[int, float]:
     the ids' and values' ranges are ``SamplingParams.validate``'s."""
     parsed: dict[int, float] = {}
     for key, value in (bias or {}).items():
-        if not key.isascii() or not key.lstrip("-").isdigit() or len(key) > 20:
+        if _TOKEN_ID.fullmatch(key) is None:
             raise ApiError(400, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
         parsed[int(key)] = value
     return parsed
+
+
+_TOKEN_ID = re.compile(r"-?[0-9]{1,19}")  # a sign and the digits of a 64-bit integer at most
 
 
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
