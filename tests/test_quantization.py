@@ -4,7 +4,7 @@ end to end (perplexity against fp32, batch against alone), and bad modes."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -378,15 +378,11 @@ def test_fused_decode_step_matches_the_layer_by_layer_one(auto_llm: LLM, monkeyp
     assert_fused_matches_layers(auto_llm, monkeypatch, steps=1)
 
 
-def test_norms_and_swiglu_hand_their_rows_rounded_to_the_products(
-    auto_llm: LLM, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Without the tile unit's prefill path, a prefill pass's norms and SwiGLU round their rows for the
-    integer products themselves (``RoundedRows``), and its logits are the bits of the same pass with fp32 rows
-    that each product rounds."""
-    engine, kernels = auto_llm.scheduler.engine, auto_llm.scheduler.engine.model.kernels
-    if kernels is None or kernels.bf16_prefill:
-        pytest.skip("prefill rows take the tile unit's bf16 path here, from fp32 rows")
+def first_pass_logits(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch, prompts: list[list[int]]
+) -> Callable[[], torch.Tensor]:
+    """A call that runs ``prompts`` for one token each from an emptied cache and gives its first pass's logits."""
+    engine = llm.scheduler.engine
     run_model, logits = engine.run_model, []
 
     def recording(batch: Batch) -> torch.Tensor:
@@ -396,11 +392,24 @@ def test_norms_and_swiglu_hand_their_rows_rounded_to_the_products(
 
     def prefill() -> torch.Tensor:
         logits.clear()
-        auto_llm.flush_cache()
-        auto_llm.generate([[5, 9, 200, 17, 33] * 20, [7, 7, 81, 4] * 30], SamplingParams(max_tokens=1), use_tqdm=False)
+        llm.flush_cache()
+        llm.generate(prompts, SamplingParams(max_tokens=1), use_tqdm=False)
         return logits[0]
 
     monkeypatch.setattr(engine, "run_model", recording)
+    return prefill
+
+
+def test_norms_and_swiglu_hand_their_rows_rounded_to_the_products(
+    auto_llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the tile unit's prefill path, a prefill pass's norms and SwiGLU round their rows for the
+    integer products themselves (``RoundedRows``), and its logits are the bits of the same pass with fp32 rows
+    that each product rounds."""
+    engine, kernels = auto_llm.scheduler.engine, auto_llm.scheduler.engine.model.kernels
+    if kernels is None or kernels.bf16_prefill:
+        pytest.skip("prefill rows take the tile unit's bf16 path here, from fp32 rows")
+    prefill = first_pass_logits(auto_llm, monkeypatch, [[5, 9, 200, 17, 33] * 20, [7, 7, 81, 4] * 30])
     norm = mock.patch.object(kernels, "rms_norm_rounded", wraps=kernels.rms_norm_rounded)
     swiglu = mock.patch.object(kernels, "silu_and_mul_rounded", wraps=kernels.silu_and_mul_rounded)
     with norm as norms, swiglu as swiglus:
@@ -462,24 +471,10 @@ def test_quality_benchmarks_two_digit_products_run_every_pass(auto_llm: LLM, mon
     layers take one digit again."""
     from benchmarks.quality import two_digits_everywhere
 
-    engine = auto_llm.scheduler.engine
-    model = engine.model
+    model = auto_llm.scheduler.engine.model
     if model.kernels is None:
         pytest.skip("no C kernels here")
-    run_model, logits = engine.run_model, []
-
-    def recording(batch: Batch) -> torch.Tensor:
-        out = run_model(batch)
-        logits.append(out.clone())
-        return out
-
-    def prefill() -> torch.Tensor:
-        logits.clear()
-        auto_llm.flush_cache()
-        auto_llm.generate([[5, 9, 200, 17, 33] * 20], SamplingParams(max_tokens=1), use_tqdm=False)
-        return logits[0]
-
-    monkeypatch.setattr(engine, "run_model", recording)
+    prefill = first_pass_logits(auto_llm, monkeypatch, [[5, 9, 200, 17, 33] * 20])
     layers = [w for w in model.model.layers.modules() if isinstance(w, QuantizedWeight)]
     one_digit = prefill()
     with two_digits_everywhere(model):
