@@ -75,7 +75,7 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
-        self.logit_bias = dict(self.logit_bias)
+        self.logit_bias = dict(self.logit_bias or {})
         if self.json_schema is not None:
             self.json_schema = schema_text(self.json_schema)
 
