@@ -313,6 +313,29 @@ def test_native_generate(server: Server, offline: LLM) -> None:
     assert last["text"] == ref["text"] and last["output_ids"] == ref["token_ids"]
 
 
+def test_tokenize_gives_the_ids_the_completions_count(server: Server) -> None:
+    client = server.openai()
+    messages = _chat("What is the capital of France?")
+    tool = {"type": "function", "function": {"name": "capital", "parameters": {"type": "object"}}}
+    for tools in ([], [tool]):
+        counted = server.post("/tokenize", json={"model": MODEL, "messages": messages, "tools": tools}).json()
+        out = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=1, temperature=0, **({"tools": tools} if tools else {})
+        )  # fmt: skip
+        assert out.usage is not None
+        assert counted["count"] == len(counted["tokens"]) == out.usage.prompt_tokens
+        assert counted["max_model_len"] == 8192
+    assert len(counted["tokens"]) > len(server.post("/tokenize", json={"messages": messages}).json()["tokens"])
+    text = "The capital of France is"
+    ids = server.post("/tokenize", json={"prompt": text}).json()["tokens"]
+    out = client.completions.create(model=MODEL, prompt=text, max_tokens=1, temperature=0)
+    assert out.usage is not None and len(ids) == out.usage.prompt_tokens
+    assert server.post("/detokenize", json={"tokens": ids}).json() == {"prompt": text}
+    chat_ids = server.post("/tokenize", json={"messages": messages}).json()["tokens"]
+    rendered = server.post("/detokenize", json={"model": MODEL, "tokens": chat_ids}).json()["prompt"]
+    assert rendered.startswith("<|im_start|>") and messages[-1]["content"] in rendered
+
+
 def test_flush_cache(server: Server) -> None:
     server.wait_idle()
     assert server.post("/flush_cache").status_code == 200
@@ -378,6 +401,7 @@ def test_disconnected_clients_free_their_pages(server: Server) -> None:
 
 # -- bad input ---------------------------------------------------------------------------------
 CHAT, COMPLETIONS, GENERATE = "/v1/chat/completions", "/v1/completions", "/generate"
+TOKENIZE, DETOKENIZE = "/tokenize", "/detokenize"
 HI = [{"role": "user", "content": "hi"}]
 BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     # (case, endpoint, body (bytes are sent raw), status, part of the message)
@@ -424,6 +448,12 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("bad request streamed", CHAT, {"messages": HI, "max_tokens": 0, "stream": True}, 400, "max_tokens must be"),
     ("text and input_ids", GENERATE, {"text": "a", "input_ids": [1]}, 400, "exactly one of text or input_ids"),
     ("native bad temperature", GENERATE, {"text": "a", "sampling_params": {"temperature": -2}}, 400, "temperature"),
+    ("tokenize prompt and messages", TOKENIZE, {"prompt": "a", "messages": HI}, 400, "exactly one of prompt"),
+    ("tokenize nothing", TOKENIZE, {"model": MODEL}, 400, "exactly one of prompt or messages"),
+    ("tokenize bad tool", TOKENIZE, {"messages": HI, "tools": [{"type": "x"}]}, 400, 'must be {"type": "function"'),
+    ("tokenize unknown model", TOKENIZE, {"model": "gpt-4", "prompt": "a"}, 404, "The model `gpt-4` does not exist"),
+    ("detokenize missing tokens", DETOKENIZE, {"model": MODEL}, 400, "missing required field `tokens`"),
+    ("detokenize id out of range", DETOKENIZE, {"tokens": [1, 10**9]}, 400, "tokens must be token ids in [0,"),
     (
         "oversized body",
         CHAT,
@@ -497,6 +527,7 @@ def test_api_key(server: Server) -> None:
         r = httpx.post(server.url + CHAT, json={"messages": HI}, headers=headers)
         assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
         assert httpx.get(server.url + "/v1/models", headers=headers).status_code == 401
+        assert httpx.post(server.url + TOKENIZE, json={"prompt": "hi"}, headers=headers).status_code == 401
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0).models.list()
 

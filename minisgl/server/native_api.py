@@ -1,5 +1,6 @@
-"""``POST /generate``: the native API, shaped like SGLang's (``text`` or ``input_ids`` in,
-``text``, ``output_ids`` and ``meta_info`` out; streamed chunks carry the text so far)."""
+"""The native API: ``POST /generate``, shaped like SGLang's (``text`` or ``input_ids`` in, ``text``,
+``output_ids`` and ``meta_info`` out; streamed chunks carry the text so far), and ``POST /tokenize`` and
+``POST /detokenize``, shaped like vLLM's."""
 
 from __future__ import annotations
 
@@ -9,12 +10,21 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from minisgl.constrained.tool_calls import parse_tools
 from minisgl.sampling import SamplingParams
 from minisgl.server.context import ServerContext, wait_for_disconnect
 from minisgl.server.engine_client import EngineDead
 from minisgl.server.errors import ApiError
 from minisgl.server.generation import Generation, Sample, SampleFailed, failure_error
-from minisgl.server.schemas import GenerateRequest, decode_body, logit_bias_of, stop_list
+from minisgl.server.openai_api import chat_prompt_ids
+from minisgl.server.schemas import (
+    DetokenizeRequest,
+    GenerateRequest,
+    TokenizeRequest,
+    decode_body,
+    logit_bias_of,
+    stop_list,
+)
 from minisgl.server.streaming import SSE_DONE, GenerationStream, sse
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
@@ -62,6 +72,34 @@ def native_router(ctx: ServerContext) -> APIRouter:
         if not finished:
             return Response(status_code=499)
         return JSONResponse(_result(gen.samples[0]))
+
+    @router.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        """The ids a prompt is given to the model as: ``prompt`` as ``/v1/completions`` encodes its text,
+        ``messages`` (and ``tools``) as ``/v1/chat/completions`` renders them."""
+        body = decode_body(await ctx.body(request), TokenizeRequest)
+        ctx.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise ApiError(400, "give exactly one of prompt or messages", param="prompt")
+        if body.messages is None:
+            ids = ctx.tokenizer.encode(body.prompt)
+        else:
+            try:
+                tools = parse_tools(body.tools or [])
+            except ValueError as e:
+                raise ApiError(400, str(e), param="tools") from None
+            ids = chat_prompt_ids(ctx.tokenizer, body.messages, tools)
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": ctx.context_len})
+
+    @router.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        """The text of ``tokens``, special tokens included: what ``/tokenize`` gave, back."""
+        body = decode_body(await ctx.body(request), DetokenizeRequest)
+        ctx.check_model(body.model)
+        vocab = len(ctx.tokenizer)
+        if any(not 0 <= t < vocab for t in body.tokens):
+            raise ApiError(400, f"tokens must be token ids in [0, {vocab})", param="tokens")
+        return JSONResponse({"prompt": ctx.tokenizer.decode(body.tokens)})
 
     return router
 

@@ -152,6 +152,20 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     cache_salt: str | None = None
 
 
+class TokenizeRequest(msgspec.Struct, kw_only=True):
+    """``/tokenize`` (vLLM's shape): ``prompt`` text, or chat ``messages`` (with the ``tools`` offered)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: Messages | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class DetokenizeRequest(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    tokens: list[Int64]
+
+
 def stop_list(stop: str | list[str] | None) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop or [])
 
