@@ -318,21 +318,21 @@ def test_tokenize_gives_the_ids_the_completions_count(server: Server) -> None:
     messages = _chat("What is the capital of France?")
     tool = {"type": "function", "function": {"name": "capital", "parameters": {"type": "object"}}}
     for tools in ([], [tool]):
-        counted = server.post("/tokenize", json={"model": MODEL, "messages": messages, "tools": tools}).json()
+        counted = server.post(TOKENIZE, json={"model": MODEL, "messages": messages, "tools": tools}).json()
         out = client.chat.completions.create(
             model=MODEL, messages=messages, max_tokens=1, temperature=0, **({"tools": tools} if tools else {})
         )  # fmt: skip
         assert out.usage is not None
         assert counted["count"] == len(counted["tokens"]) == out.usage.prompt_tokens
         assert counted["max_model_len"] == 8192
-    assert len(counted["tokens"]) > len(server.post("/tokenize", json={"messages": messages}).json()["tokens"])
+    assert len(counted["tokens"]) > len(server.post(TOKENIZE, json={"messages": messages}).json()["tokens"])
     text = "The capital of France is"
-    ids = server.post("/tokenize", json={"prompt": text}).json()["tokens"]
+    ids = server.post(TOKENIZE, json={"prompt": text}).json()["tokens"]
     out = client.completions.create(model=MODEL, prompt=text, max_tokens=1, temperature=0)
     assert out.usage is not None and len(ids) == out.usage.prompt_tokens
-    assert server.post("/detokenize", json={"tokens": ids}).json() == {"prompt": text}
-    chat_ids = server.post("/tokenize", json={"messages": messages}).json()["tokens"]
-    rendered = server.post("/detokenize", json={"model": MODEL, "tokens": chat_ids}).json()["prompt"]
+    assert server.post(DETOKENIZE, json={"tokens": ids}).json() == {"prompt": text}
+    chat_ids = server.post(TOKENIZE, json={"messages": messages}).json()["tokens"]
+    rendered = server.post(DETOKENIZE, json={"model": MODEL, "tokens": chat_ids}).json()["prompt"]
     assert rendered.startswith("<|im_start|>") and messages[-1]["content"] in rendered
 
 
