@@ -8,7 +8,8 @@ Per round, each configuration's speed against the first's on the same workload i
 over its own (above 1: faster; the same requests and output lengths, so it is also the ratio of output
 tok/s). The summary gives the median of those per-round ratios and their range. Each run starts once
 the other processes have been quiet for a moment (``wait_for_quiet``: vLLM's worker spins for about a
-second after its run, which would otherwise fall on the next system's). ``others' CPU``: what
+second after its run, which would otherwise fall on the next system's; at 1.7B it was once seen busy for
+minutes after its warm-up, so round 1 waits up to ``STARTED_QUIET_S`` for quiet). ``others' CPU``: what
 processes besides the measured server (or this one, offline) used during its runs, the idle servers
 included.
 
@@ -60,6 +61,7 @@ from minisgl.kernels.native import cpu_paths, decode_attention_products, resolve
 from minisgl.models.source import resolve_model_path
 
 OFFLINE = "offline:"
+STARTED_QUIET_S = 300.0  # the most round 1 waits for every configuration to go quiet once all are up
 CONFIGURATIONS = (*MINISGL_VARIANTS, *(OFFLINE + name for name in MINISGL_VARIANTS))
 
 
@@ -207,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             peer = stack.enter_context(factory())
             runners[name] = online_runner(peer, tokenizer, args.seed)
             header.append(f"- {name}: {peer.description}")
+        waited = wait_for_quiet(longest_s=STARTED_QUIET_S)
+        header.append(f"- Waited {waited:.0f} s, once all were up, for the other processes to go quiet")
         for r in range(args.repeats):
             for w in workloads:
                 for name in order(names, r):
