@@ -10,13 +10,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from minisgl.constrained.tool_calls import parse_tools
 from minisgl.sampling import SamplingParams
 from minisgl.server.context import ServerContext, wait_for_disconnect
 from minisgl.server.engine_client import EngineDead
 from minisgl.server.errors import ApiError
 from minisgl.server.generation import Generation, Sample, SampleFailed, failure_error
-from minisgl.server.openai_api import chat_prompt_ids
+from minisgl.server.openai_api import chat_prompt_ids, checked_tools
 from minisgl.server.schemas import (
     DetokenizeRequest,
     GenerateRequest,
@@ -84,11 +83,7 @@ def native_router(ctx: ServerContext) -> APIRouter:
         if body.messages is None:
             ids = ctx.tokenizer.encode(body.prompt)
         else:
-            try:
-                tools = parse_tools(body.tools or [])
-            except ValueError as e:
-                raise ApiError(400, str(e), param="tools") from None
-            ids = chat_prompt_ids(ctx.tokenizer, body.messages, tools)
+            ids = chat_prompt_ids(ctx.tokenizer, body.messages, checked_tools(body.tools))
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": ctx.context_len})
 
     @router.post("/detokenize")

@@ -165,12 +165,17 @@ def _check_common(ctx: ServerContext, body: OpenAISampling) -> None:
         raise ApiError(400, f"n must be in [1, {MAX_N}], got {body.n}", param="n")
 
 
-def _tools(body: ChatCompletionRequest) -> tuple[list[Tool], str]:
-    """The request's tools, checked, and its tool_choice: "auto" | "none" | "required" | a function name."""
+def checked_tools(tools: list[dict[str, Any]] | None) -> list[Tool]:
+    """A request's ``tools``, parsed (a 400 naming ``tools`` where one is malformed)."""
     try:
-        tools = parse_tools(body.tools or [])
+        return parse_tools(tools or [])
     except ValueError as e:
         raise ApiError(400, str(e), param="tools") from None
+
+
+def _tools(body: ChatCompletionRequest) -> tuple[list[Tool], str]:
+    """The request's tools, checked, and its tool_choice: "auto" | "none" | "required" | a function name."""
+    tools = checked_tools(body.tools)
     try:
         return tools, tool_choice_name(body.tool_choice, tools)
     except ValueError as e:
