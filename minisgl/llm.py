@@ -44,7 +44,8 @@ class LLM:
         use_tqdm: bool = True,
         cache_salt: str | None = None,
     ) -> list[dict[str, Any]]:
-        """One result per prompt, in order: ``text``, ``token_ids`` and ``meta`` (prompt_tokens,
+        """One result per prompt, in order: ``text``, ``token_ids``, ``logprobs`` (a ``TokenLogprob`` per
+        token where its ``SamplingParams.logprobs`` asks for them, else None) and ``meta`` (prompt_tokens,
         cached_tokens, completion_tokens, finish_reason)."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
@@ -87,6 +88,7 @@ class LLM:
         return {
             "text": detokenize(self.tokenizer, req.output_ids, req.params.stop),
             "token_ids": req.output_ids,
+            "logprobs": req.output_logprobs if req.params.logprobs is not None else None,
             "meta": {
                 "prompt_tokens": req.prompt_len,
                 "cached_tokens": req.cached_prompt_tokens,

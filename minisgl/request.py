@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from minisgl.constrained.compiler import PendingGrammar
 from minisgl.constrained.matcher import GrammarMatcher
 from minisgl.kvcache.base import CacheHandle
-from minisgl.sampling import RequestRejected, SamplingParams
+from minisgl.sampling import RequestRejected, SamplingParams, TokenLogprob
 from minisgl.text.detokenizer import IncrementalDetokenizer
 
 
@@ -37,6 +37,7 @@ class Req:
     allocated_len: int = 0
     window_released_len: int = 0
     cached_prompt_tokens: int = 0  # prompt tokens reused from the cache (reported to the user)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, where asked for
     finish_reason: str | None = None
     stop_text: IncrementalDetokenizer | None = None  # the output's text, to find stop strings (if any)
     error: str | None = None  # why it failed, when finish_reason is "error" (or "rejected")

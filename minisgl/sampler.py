@@ -3,14 +3,14 @@ each from its own generator, grammar rows masked first; a row that fails fails i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from minisgl.batch import SamplingRows
 from minisgl.constrained.matcher import GrammarMatcher, mask_logits
 from minisgl.kernels.native import CpuKernels
-from minisgl.sampling import SamplingParams
+from minisgl.sampling import SamplingParams, TokenLogprob
 
 _U64 = 2**64 - 1
 
@@ -54,6 +54,7 @@ def adjust_logits(logits: torch.Tensor, params: SamplingParams, output: list[int
 class Sampled:
     next_ids: torch.Tensor  # [batch] int64 on the CPU; meaningless in the rows of ``errors``
     errors: dict[int, str]  # row -> why that row's request could not be sampled
+    logprobs: dict[int, TokenLogprob] = field(default_factory=dict)  # row -> its token's, where asked for
 
 
 class Sampler:
@@ -77,7 +78,10 @@ class Sampler:
         """``logits``: [batch, vocab] → the next token of each row. Rows with a grammar sample only among
         the tokens it allows next (``logits`` is masked in place). A row whose own masking or sampling
         fails is reported in ``errors`` instead of failing the batch: the error belongs to that request.
-        Penalties and biases (``adjust_logits``) go first, in place too."""
+        Penalties and biases (``adjust_logits``) go first, in place too; the log-probabilities that rows
+        ask for (``SamplingParams.logprobs``) are taken from the logits before all that."""
+        asking = [i for i, p in enumerate(rows.params) if p.logprobs is not None]
+        raw = torch.log_softmax(logits[asking].float(), dim=-1) if asking else None
         errors = _adjust_rows(logits, rows)
         if any(g is not None for g in rows.grammars):
             errors |= _mask_grammar_rows(logits, rows.grammars)
@@ -98,7 +102,28 @@ class Sampler:
                     sampled.next_ids[i] = torch.multinomial(probs, 1, generator=generator)[0]
                 except Exception as e:  # noqa: BLE001 - whatever it is, only this row's request fails
                     sampled.errors[i] = f"sampling failed: {type(e).__name__}: {e}"
+        if raw is not None:
+            sampled.logprobs.update(_token_logprobs(raw, asking, sampled, [rows.params[i] for i in asking]))
         return sampled
+
+
+def _token_logprobs(
+    raw: torch.Tensor, rows: list[int], sampled: Sampled, params: list[SamplingParams]
+) -> dict[int, TokenLogprob]:
+    """``raw``: the log-probabilities of ``rows`` (on the logits' device) → each row's ``TokenLogprob`` for
+    its sampled token (none for a row whose sampling failed). One top-k for all rows, to the largest k asked for."""
+    chosen = sampled.next_ids[rows].to(raw.device)
+    values = raw.gather(1, chosen.unsqueeze(1))[:, 0].tolist()
+    k = max(p.logprobs or 0 for p in params)
+    top_values: list[list[float]] = [[] for _ in rows]
+    top_ids: list[list[int]] = [[] for _ in rows]
+    if k:
+        top_values, top_ids = (t.tolist() for t in torch.topk(raw, k))
+    return {
+        row: TokenLogprob(value, list(zip(ids[: p.logprobs], vs[: p.logprobs])))
+        for row, value, ids, vs, p in zip(rows, values, top_ids, top_values, params)
+        if row not in sampled.errors
+    }
 
 
 def _position_seed(seed: int, position: int) -> int:

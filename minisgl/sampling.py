@@ -27,6 +27,9 @@ MAX_STOP_TOKEN_IDS = 64
 MAX_PENALTY = 2.0
 MAX_LOGIT_BIAS = 100.0
 MAX_LOGIT_BIAS_TOKENS = 300
+# Most likely alternatives reported per sampled token (OpenAI's bound for the chat API's top_logprobs;
+# vLLM's default for both APIs): each costs a top-k over the row.
+MAX_TOP_LOGPROBS = 20
 
 
 class RejectionCode(str, Enum):
@@ -48,6 +51,16 @@ class RequestRejected(ValueError):
         self.message, self.code, self.param = message, code, param
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log-probability under the model (its raw logits' log-softmax: before temperature,
+    penalties, biases and grammar masks, as vLLM reports it), and the ``top`` most likely tokens at that
+    position with theirs, most likely first: (token id, log-probability) pairs."""
+
+    logprob: float
+    top: list[tuple[int, float]]
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
@@ -64,6 +77,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    # None: no log-probabilities; k: each sampled token's ``TokenLogprob`` with the k most likely tokens.
+    logprobs: int | None = None
     # Constrained decoding, at most one (SGLang's names): the output matches this JSON schema (a dict
     # or its text), regular expression or EBNF grammar, and ends when the grammar does.
     json_schema: str | dict[str, Any] | None = None
@@ -135,6 +150,9 @@ class SamplingParams:
             if not _is_real(bias) or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
                 message = f"logit_bias values must be in [{-MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias!r}"
                 raise _invalid("logit_bias", message)
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            message = f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}"
+            raise _invalid("logprobs", message)
         if self.seed is not None and (not _is_int(self.seed) or not MIN_SEED <= self.seed <= MAX_SEED):
             raise _invalid("seed", f"seed must be an integer in [{MIN_SEED}, {MAX_SEED}], got {self.seed!r}")
         try:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import build_tiny_model
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from minisgl import LLM
@@ -39,6 +40,27 @@ def smollm() -> Iterator[LLM]:
     llm = LLM(num_page_override=16384, max_running_req=32, quantization="none")  # fp32: token-exact with transformers
     yield llm
     llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model("llama", tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_llama: Path) -> LLM:
+    """The tiny Llama without speculative decoding."""
+    return LLM(str(tiny_llama), num_page_override=4096, max_seq_len_override=512, speculative_algorithm="none")
+
+
+@pytest.fixture(scope="module")
+def spec(tiny_llama: Path) -> LLM:
+    """The tiny Llama with n-gram drafts (the default), drafting whatever a row costs: tests must not depend
+    on timing."""
+    llm = LLM(str(tiny_llama), num_page_override=4096, max_seq_len_override=512)
+    assert llm.scheduler.drafter is not None and llm.scheduler.drafter.cost is not None
+    llm.scheduler.drafter.cost = None
+    return llm
 
 
 @pytest.fixture

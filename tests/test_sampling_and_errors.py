@@ -106,6 +106,9 @@ def test_stop_token_ids_and_eos(llm: LLM) -> None:
         ([1, 2], SamplingParams(stop=["a"] * 17), "stop may hold at most 16 strings, got 17"),
         ([1, 2], SamplingParams(stop=["a" * 257]), "at most 256 characters"),
         ([1, 2], SamplingParams(stop_token_ids=[3] * 65), "stop_token_ids may hold at most 64 ids"),
+        ([1, 2], SamplingParams(logprobs=-1), r"logprobs must be an integer in \[0, 20\], got -1"),
+        ([1, 2], SamplingParams(logprobs=21), r"logprobs must be an integer in \[0, 20\], got 21"),
+        ([1, 2], SamplingParams(logprobs=True), "logprobs must be an integer"),  # type: ignore[arg-type]
         ([2**70], SamplingParams(), "token ids must be integers"),
         ([1, 2], SamplingParams(max_tokens=2**64), "exceeds the context"),
     ],
@@ -130,6 +133,7 @@ def test_bad_input_raises_and_leaves_nothing(llm: LLM, prompt: object, params: S
         ([1, 2], SamplingParams(stop=[""]), RejectionCode.INVALID_VALUE, "stop"),
         ([1, 2], SamplingParams(stop_token_ids=[-1]), RejectionCode.INVALID_VALUE, "stop_token_ids"),
         ([1, 2], SamplingParams(seed=2**63), RejectionCode.INVALID_VALUE, "seed"),
+        ([1, 2], SamplingParams(logprobs=21), RejectionCode.INVALID_VALUE, "logprobs"),
         ([1, 2], SamplingParams(regex="(ab"), RejectionCode.INVALID_GRAMMAR, "regex"),
         ([1, 2], SamplingParams(ebnf=" "), RejectionCode.INVALID_GRAMMAR, "ebnf"),
         ([1, 2], SamplingParams(json_schema="{not json"), RejectionCode.INVALID_GRAMMAR, "json_schema"),

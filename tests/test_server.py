@@ -313,6 +313,55 @@ def test_native_generate(server: Server, offline: LLM) -> None:
     assert last["text"] == ref["text"] and last["output_ids"] == ref["token_ids"]
 
 
+def test_logprobs_match_offline(server: Server, offline: LLM) -> None:
+    """Each output token's log-probability and its most likely alternatives, in the shape of each API, whole
+    and streamed: the offline engine's (the same weights), spelled token by token."""
+    client = server.openai()
+    prompt = "The capital of France is"
+    ref = offline.generate([prompt], _greedy(8, logprobs=2), use_tqdm=False)[0]
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, logprobs=2)
+    lp = out.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.top_logprobs is not None
+    assert "".join(lp.tokens) == out.choices[0].text == ref["text"]
+    assert lp.token_logprobs == pytest.approx([x.logprob for x in ref["logprobs"]], abs=1e-4)
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
+    assert all(len(top) == 2 and top[token] == max(top.values()) for token, top in zip(lp.tokens, lp.top_logprobs))
+    stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, logprobs=2, stream=True)
+    chunks = [c.choices[0].logprobs for c in stream if c.choices]
+    assert all(c is not None for c in chunks)
+    assert [t for c in chunks for t in c.tokens or []] == lp.tokens  # type: ignore[union-attr]
+    assert [o for c in chunks for o in c.text_offset or []] == lp.text_offset  # type: ignore[union-attr]
+
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0}, "return_logprob": True,
+            "top_logprobs_num": 2, "return_text_in_logprobs": True}  # fmt: skip
+    meta = server.post(GENERATE, json=body).json()["meta_info"]
+    assert [token for _, token, _ in meta["output_token_logprobs"]] == ref["token_ids"]
+    assert "".join(text for _, _, text in meta["output_token_logprobs"]) == ref["text"]
+    assert [[token for _, token, _ in top] for top in meta["output_top_logprobs"]] == [
+        [i for i, _ in x.top] for x in ref["logprobs"]
+    ]
+
+    messages = _chat("What is the capital of France?")
+    ref = offline.chat([messages], _greedy(8, logprobs=3), use_tqdm=False)[0]
+    chat = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3
+    )
+    assert chat.choices[0].logprobs is not None and chat.choices[0].logprobs.content is not None
+    content = chat.choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx([x.logprob for x in ref["logprobs"]], abs=1e-4)
+    assert chat.choices[0].message.content == ref["text"]
+    # Its last token may be the end of turn: listed, though the text skips it.
+    assert b"".join(bytes(c.bytes or []) for c in content).decode() == offline.tokenizer.decode(ref["token_ids"])
+    assert all(len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token for c in content)
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3, stream=True
+    )
+    pieces = [choice.logprobs.content or [] for chunk in streamed for choice in chunk.choices if choice.logprobs]
+    assert [c.token for piece in pieces for c in piece] == [c.token for c in content]
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0)
+    assert plain.choices[0].logprobs is None  # not asked for
+
+
 def test_tokenize_gives_the_ids_the_completions_count(server: Server) -> None:
     client = server.openai()
     messages = _chat("What is the capital of France?")
@@ -434,7 +483,12 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("top_p above one", COMPLETIONS, {"prompt": "hi", "top_p": 1.5}, 400, "top_p must be in (0, 1]"),
     ("empty stop string", COMPLETIONS, {"prompt": "hi", "stop": [""]}, 400, "stop must be non-empty strings"),
     ("n too large", CHAT, {"messages": HI, "n": 5}, 400, "n must be in [1, 4]"),
-    ("unsupported logprobs", CHAT, {"messages": HI, "logprobs": True}, 400, "logprobs is not supported"),
+    ("top_logprobs alone", CHAT, {"messages": HI, "top_logprobs": 2}, 400, "top_logprobs needs logprobs: true"),
+    ("top_logprobs too many", CHAT, {"messages": HI, "logprobs": True, "top_logprobs": 21}, 400, "in [0, 20], got 21"),
+    ("chat logprobs a number", CHAT, {"messages": HI, "logprobs": 2}, 400, "Expected `bool | null`, got `int`"),
+    ("logprobs too many", COMPLETIONS, {"prompt": "hi", "logprobs": 21}, 400, "logprobs must be an integer in [0, 20]"),
+    ("native top_logprobs_num", GENERATE, {"text": "a", "top_logprobs_num": -1}, 400, "top_logprobs_num must be in"),
+    ("unsupported echo", COMPLETIONS, {"prompt": "hi", "echo": True}, 400, "echo is not supported"),
     ("penalty too large", CHAT, {"messages": HI, "presence_penalty": 2.5}, 400, "presence_penalty must be in [-2, 2]"),
     ("logit_bias key not an id", COMPLETIONS, {"prompt": "hi", "logit_bias": {"a": 1}}, 400, "logit_bias keys must be"),
     ("logit_bias key signed twice", CHAT, {"messages": HI, "logit_bias": {"--5": 1}}, 400, "logit_bias keys must be"),

@@ -339,7 +339,8 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     **dict.fromkeys(["top_k", "seed", "max_tokens", "max_completion_tokens", "max_new_tokens", "n", "best_of"], numbers),
     **dict.fromkeys(["ignore_eos", "stream", "echo"], st.booleans()),
     **dict.fromkeys(["text", "model", "cache_salt", "suffix"], strings),
-    "logprobs": st.one_of(st.booleans(), ints),
+    **dict.fromkeys(["logprobs", "top_logprobs", "top_logprobs_num"], st.one_of(st.booleans(), ints)),
+    "return_logprob": st.booleans(),
     "stop": st.one_of(strings, string_lists),
     "stop_token_ids": token_lists,
     "input_ids": token_lists,
@@ -354,9 +355,15 @@ SAMPLING_FIELDS = ["temperature", "top_p", "top_k", "min_p", "seed", "stop", "st
 OPENAI_FIELDS = [*SAMPLING_FIELDS, "model", "stream", "stream_options", "max_tokens", "n", "cache_salt", "logprobs",
                  "presence_penalty", "frequency_penalty", "logit_bias", "unknown"]  # fmt: skip
 BASES: dict[str, tuple[dict[str, Any], list[str]]] = {
-    CHAT: ({"messages": HI, "max_tokens": 4}, [*OPENAI_FIELDS, "messages", "max_completion_tokens", "tools"]),
+    CHAT: (
+        {"messages": HI, "max_tokens": 4},
+        [*OPENAI_FIELDS, "messages", "max_completion_tokens", "tools", "top_logprobs"],
+    ),
     COMPLETIONS: ({"prompt": "w3 w4", "max_tokens": 4}, [*OPENAI_FIELDS, "prompt", "echo", "suffix", "best_of"]),
-    GENERATE: ({"text": "w3 w4", "sampling_params": {"max_new_tokens": 4}}, ["text", "input_ids", "stream", "unknown"]),
+    GENERATE: (
+        {"text": "w3 w4", "sampling_params": {"max_new_tokens": 4}},
+        ["text", "input_ids", "stream", "return_logprob", "top_logprobs_num", "unknown"],
+    ),
 }
 
 

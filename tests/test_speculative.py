@@ -15,7 +15,7 @@ from conftest import assert_idle_balanced
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
-from tiny_models import VOCAB, build_tiny_model
+from tiny_models import VOCAB
 
 from minisgl import LLM, SamplingParams
 from minisgl.batch import AttentionKind
@@ -250,25 +250,7 @@ def test_smollm_greedy_is_the_same_with_drafts_alone_and_batched(fresh_smollm: L
     assert stats["tokens_per_step"] > 1.0 and 0.0 < stats["acceptance_rate"] <= 1.0
 
 
-# -- end to end on a tiny model ----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model("llama", tmp_path_factory.mktemp("llama"))
-
-
-@pytest.fixture(scope="module")
-def plain(tiny: Path) -> LLM:
-    return LLM(str(tiny), num_page_override=4096, max_seq_len_override=512, speculative_algorithm="none")
-
-
-@pytest.fixture(scope="module")
-def spec(tiny: Path) -> LLM:
-    llm = LLM(str(tiny), num_page_override=4096, max_seq_len_override=512)  # ngram, the default
-    assert llm.scheduler.drafter is not None and llm.scheduler.drafter.cost is not None
-    llm.scheduler.drafter.cost = None  # drafts whatever a row costs: the tests must not depend on timing
-    return llm
-
-
+# -- end to end on a tiny model (conftest's tiny_llama, plain and spec) -----------------------------
 def tiny_prompts() -> list[list[int]]:
     g = torch.Generator().manual_seed(0)
     randoms = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (1, 5, 17, 40, 100)]
@@ -279,7 +261,7 @@ def ids(outputs: list[Any]) -> list[list[int]]:
     return [o["token_ids"] for o in outputs]
 
 
-def test_tiny_greedy_is_the_same_batched_chunked_and_with_radix_hits(plain: LLM, spec: LLM, tiny: Path) -> None:
+def test_tiny_greedy_is_the_same_batched_chunked_and_with_radix_hits(plain: LLM, spec: LLM, tiny_llama: Path) -> None:
     prompts = tiny_prompts()
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     reference = ids(run(plain, prompts, params))
@@ -294,7 +276,7 @@ def test_tiny_greedy_is_the_same_batched_chunked_and_with_radix_hits(plain: LLM,
     assert after["cached_tokens"] > before["cached_tokens"]
     assert after["accepted_draft_tokens"] - before["accepted_draft_tokens"] >= len(prompts) * 40 // 2
     assert_idle_balanced(spec)
-    chunked = LLM(str(tiny), num_page_override=4096, max_prefill_tokens=16, page_size=4, speculative_algorithm="ngram")
+    chunked = LLM(str(tiny_llama), num_page_override=4096, max_prefill_tokens=16, page_size=4, speculative_algorithm="ngram")
     assert ids(run(chunked, prompts, params)) == reference
     assert ids([run(chunked, [p], params)[0] for p in prompts]) == reference
     assert_idle_balanced(chunked)
@@ -443,10 +425,10 @@ def test_metrics_show_drafts(spec: LLM) -> None:
     assert StatsSnapshot().as_dict()["acceptance_rate"] == 0.0
 
 
-def test_the_scheduler_times_every_decode_pass_for_the_cost_and_no_prefill(tiny: Path) -> None:
+def test_the_scheduler_times_every_decode_pass_for_the_cost_and_no_prefill(tiny_llama: Path) -> None:
     """The shipped drafter's ``PassCost`` sees each decode pass once, with its rows (a token and the
     draft per request), and never a pass that prefills: its line is the decode passes' alone."""
-    llm = LLM(str(tiny), num_page_override=1024)
+    llm = LLM(str(tiny_llama), num_page_override=1024)
     cost = llm.scheduler.drafter.cost if llm.scheduler.drafter is not None else None
     assert cost is not None
     seen: list[int] = []

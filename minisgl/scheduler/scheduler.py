@@ -33,7 +33,7 @@ from minisgl.kvcache.window import WindowSlots
 from minisgl.models.source import load_tokenizer, resolve_model_path
 from minisgl.parallel.runner import TensorParallelRunner
 from minisgl.request import Req
-from minisgl.sampling import RejectionCode, RequestRejected, SamplingParams
+from minisgl.sampling import RejectionCode, RequestRejected, SamplingParams, TokenLogprob
 from minisgl.scheduler.cache_manager import CacheManager, align_up
 from minisgl.scheduler.forward_pass import ForwardPass
 from minisgl.scheduler.prefill import PrefillPlan, PrefillPlanner, default_prefill_tokens
@@ -62,6 +62,7 @@ class TokenOutput:
     finish_reason: str | None
     cached_tokens: int  # prompt tokens the request reused from the prefix cache
     error: str | None = None  # finish_reason "error": what went wrong with this request (token_id is -1)
+    logprob: TokenLogprob | None = None  # a sampled token's, where the request asks for them
 
 
 class Scheduler:
@@ -217,7 +218,8 @@ class Scheduler:
             rows = range(row, row + len(draft) + 1)
             row = rows.stop
             errors = [sampled.errors.get(r) for r in rows]
-            outputs += self._take_sampled(req, draft, [next_ids[r] for r in rows], errors)
+            logprobs = [sampled.logprobs.get(r) for r in rows]
+            outputs += self._take_sampled(req, draft, [next_ids[r] for r in rows], errors, logprobs)
         # Grammar work takes microseconds for most grammars: waited for, so their tokens go out now.
         wait([self._advancing[r] for r in work.sampled if r in self._advancing], timeout=GRAMMAR_STEP_WAIT_S)
         return outputs + self._take_advanced()
@@ -259,7 +261,12 @@ class Scheduler:
         self.stats.record_pass(work.prefill_tokens, work.decode_tokens, kv_read, len(work.sampled), elapsed)
 
     def _take_sampled(
-        self, req: Req, draft: list[int], tokens: list[int], errors: list[str | None]
+        self,
+        req: Req,
+        draft: list[int],
+        tokens: list[int],
+        errors: list[str | None],
+        logprobs: list[TokenLogprob | None],
     ) -> list[TokenOutput]:
         """The tokens sampled for ``req``: after its last token, then after each of its draft tokens.
         Draft token i is kept when the token sampled before it is the same (scheduler/speculative.py
@@ -268,13 +275,13 @@ class Scheduler:
         per-token path (``_process_token``), which may finish the request anywhere in the draft."""
         outputs: list[TokenOutput] = []
         accepted = 0
-        for i, (token, error) in enumerate(zip(tokens, errors)):
+        for i, (token, error, logprob) in enumerate(zip(tokens, errors, logprobs)):
             if error is not None:
                 outputs.append(self._fail(req, error))
                 break
             kept = i < len(draft) and token == draft[i]
             accepted += kept
-            outputs += self._process_token(req, token)
+            outputs += self._process_token(req, token, logprob)
             if not kept or req.finish_reason is not None:
                 break
             req.device_len += 1  # the pass computed this draft token's KV: it is a token of the request now
@@ -286,14 +293,19 @@ class Scheduler:
                 self.drafter.verified(req, len(draft), accepted)
         return outputs
 
-    def _process_token(self, req: Req, token: int) -> list[TokenOutput]:
-        """Everything done per request with its sampled token starts here: append it; a request with
-        a grammar then hands the token to it on a thread (``GrammarMatcher.advance``: accept it, the
-        jump-forward, the next mask) and is finished when that is done (``_take_advanced``)."""
+    def _process_token(self, req: Req, token: int, logprob: TokenLogprob | None) -> list[TokenOutput]:
+        """Everything done per request with its sampled token starts here: append it (and its
+        log-probability, if asked for); a request with a grammar then hands the token to it on a thread
+        (``GrammarMatcher.advance``: accept it, the jump-forward, the next mask) and is finished when
+        that is done (``_take_advanced``)."""
         req.token_ids.append(token)
+        if logprob is not None:
+            req.output_logprobs.append(logprob)
         if req.grammar is None:
             return self._finish_token(req, None)
-        jump_limit = req.params.max_tokens - len(req.output_ids) if self.jump_forward else 0
+        # No jump-forward for a request that asks for log-probabilities: every token it outputs is sampled.
+        jumps = self.jump_forward and req.params.logprobs is None
+        jump_limit = req.params.max_tokens - len(req.output_ids) if jumps else 0
         self._advancing[req] = self._grammar_steps.submit(req.grammar.advance, token, self.tokenizer, jump_limit)
         return []
 
@@ -309,15 +321,17 @@ class Scheduler:
             req.token_ids.extend(forced)
             tokens = req.token_ids[kept:]
             reason = self._finish_reason(req, tokens)
+            logprob = req.output_logprobs[kept - req.prompt_len] if req.params.logprobs is not None else None
         except Exception as e:  # noqa: BLE001 - its grammar or stop handling failed: only this request fails
             del req.token_ids[kept:]  # the tokens it failed on are not its output (and have no KV)
+            del req.output_logprobs[kept - req.prompt_len :]
             return [self._fail(req, f"token handling failed: {type(e).__name__}: {e}")]
         self.stats.generated_tokens += len(tokens)
         if reason is not None:
             self._retire(req, reason)
         last = len(tokens) - 1
         return [
-            TokenOutput(req.rid, t, reason if i == last else None, req.cached_prompt_tokens)
+            TokenOutput(req.rid, t, reason if i == last else None, req.cached_prompt_tokens, None, logprob)
             for i, t in enumerate(tokens)
         ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from starlette.requests import Request
 from transformers import PreTrainedTokenizerBase
@@ -13,6 +14,7 @@ from minisgl.server.errors import ApiError
 from minisgl.server.generation import Generation, sample_params
 from minisgl.server.metrics import ServerMetrics
 from minisgl.server.schemas import read_body
+from minisgl.text.token_bytes import TokenBytes
 
 
 @dataclass
@@ -23,6 +25,11 @@ class ServerContext:
     model_name: str
     api_key: str | None
     max_body_bytes: int
+
+    @cached_property
+    def token_bytes(self) -> TokenBytes:
+        """Each token's bytes and text, for responses with log-probabilities."""
+        return TokenBytes(self.tokenizer)
 
     @property
     def context_len(self) -> int:

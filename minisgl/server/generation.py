@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from transformers import PreTrainedTokenizerBase
 
-from minisgl.sampling import SamplingParams
+from minisgl.sampling import SamplingParams, TokenLogprob
 from minisgl.server.engine_client import Accepted, EngineClient, EngineDead, Event
 from minisgl.server.errors import ApiError
 from minisgl.server.metrics import ServerMetrics
@@ -34,6 +34,7 @@ class Sample:
     rid: int = -1
     accepted: bool = False  # the scheduler queued it (only then can it count as aborted)
     output_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, where asked for
     cached_tokens: int = 0
     finish_reason: str | None = None
     last_token_at: float | None = None
@@ -48,6 +49,8 @@ class Delta:
     sample: Sample
     text: str  # newly final text, possibly empty
     finish_reason: str | None
+    token_ids: list[int]  # the tokens that came (their text may still be held back)
+    logprobs: list[TokenLogprob]  # theirs, where the sample asks for them
 
 
 @dataclass
@@ -56,6 +59,7 @@ class _Batch:
 
     sample: Sample
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None  # set when its last token is the sample's last
 
 
@@ -135,7 +139,7 @@ class Generation:
             while self._pending and failure is None:
                 index, event = self._pending.popleft()
                 try:
-                    token_id = self._take(index, event)
+                    token_id, logprob = self._take(index, event)
                 except (EngineDead, SampleFailed) as e:
                     failure = e
                     continue
@@ -147,6 +151,8 @@ class Generation:
                     if len(sample.output_ids) > 1:
                         growing[index] = batch
                 batch.token_ids.append(token_id)
+                if logprob is not None:
+                    batch.logprobs.append(logprob)
                 if sample.finish_reason is not None:  # this was its last token
                     batch.finish_reason = sample.finish_reason
                     unfinished -= 1
@@ -154,12 +160,13 @@ class Generation:
                 text = batch.sample.detok.push(batch.token_ids)
                 if batch.finish_reason is not None:
                     text += batch.sample.detok.finish()
-                yield Delta(batch.sample, text, batch.finish_reason)
+                yield Delta(batch.sample, text, batch.finish_reason, batch.token_ids, batch.logprobs)
             if failure is not None:
                 raise failure
 
-    def _take(self, index: int, event: Event) -> int:
-        """One event of sample ``index``: its token, recorded (and the sample finished at its last)."""
+    def _take(self, index: int, event: Event) -> tuple[int, TokenLogprob | None]:
+        """One event of sample ``index``: its token and log-probability, recorded (and the sample finished
+        at its last)."""
         if isinstance(event, EngineDead):
             raise event
         assert isinstance(event, Token), event  # start() consumed every accept/reject
@@ -170,11 +177,13 @@ class Generation:
             raise SampleFailed(event.error or "unknown error")
         self._record_latency(sample)
         sample.output_ids.append(event.token_id)
+        if event.logprob is not None:
+            sample.logprobs.append(event.logprob)
         sample.cached_tokens = event.cached_tokens
         if event.finish_reason is not None:
             sample.finish_reason = event.finish_reason
             self.metrics.requests.labels(event.finish_reason).inc()
-        return event.token_id
+        return event.token_id, event.logprob
 
     async def run(self, disconnected: Awaitable[None]) -> bool:
         """Run every sample to the end; False (and everything aborted) if ``disconnected`` fires first."""

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from minisgl.sampling import SamplingParams
+from minisgl.sampling import MAX_TOP_LOGPROBS, SamplingParams
 from minisgl.server.context import ServerContext, wait_for_disconnect
 from minisgl.server.engine_client import EngineDead
 from minisgl.server.errors import ApiError
@@ -25,6 +25,7 @@ from minisgl.server.schemas import (
     stop_list,
 )
 from minisgl.server.streaming import SSE_DONE, GenerationStream, sse
+from minisgl.text.token_bytes import TokenBytes
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
 
@@ -40,6 +41,9 @@ def native_router(ctx: ServerContext) -> APIRouter:
         if body.text == "":
             raise ApiError(400, "prompt is empty", param="text")
         prompt = ctx.tokenizer.encode(body.text) if body.text is not None else list(body.input_ids or [])
+        if not 0 <= body.top_logprobs_num <= MAX_TOP_LOGPROBS:
+            message = f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {body.top_logprobs_num}"
+            raise ApiError(400, message, param="top_logprobs_num")
         sp = body.sampling_params
         params = SamplingParams(
             max_tokens=sp.max_new_tokens
@@ -56,21 +60,23 @@ def native_router(ctx: ServerContext) -> APIRouter:
             presence_penalty=sp.presence_penalty,
             frequency_penalty=sp.frequency_penalty,
             logit_bias=logit_bias_of(sp.logit_bias),
+            logprobs=body.top_logprobs_num if body.return_logprob else None,
             json_schema=sp.json_schema,
             regex=sp.regex,
             ebnf=sp.ebnf,
         )
         gen = ctx.generation([prompt], params, 1, body.cache_salt)
+        texts = ctx.token_bytes if body.return_text_in_logprobs else None
         await gen.start()
         if body.stream:
-            return GenerationStream(_stream(gen), gen)
+            return GenerationStream(_stream(gen, texts), gen)
         try:
             finished = await gen.run(wait_for_disconnect(request))
         except (EngineDead, SampleFailed) as e:
             raise failure_error(e) from None
         if not finished:
             return Response(status_code=499)
-        return JSONResponse(_result(gen.samples[0]))
+        return JSONResponse(_result(gen.samples[0], texts))
 
     @router.post("/tokenize")
     async def tokenize(request: Request) -> Response:
@@ -99,24 +105,30 @@ def native_router(ctx: ServerContext) -> APIRouter:
     return router
 
 
-def _result(s: Sample) -> dict[str, Any]:
-    return {
-        "text": s.text,
-        "output_ids": s.output_ids,
-        "meta_info": {
-            "id": str(s.rid),
-            "prompt_tokens": len(s.prompt_ids),
-            "completion_tokens": len(s.output_ids),
-            "cached_tokens": s.cached_tokens,
-            "finish_reason": None if s.finish_reason is None else {"type": s.finish_reason},
-        },
+def _result(s: Sample, texts: TokenBytes | None) -> dict[str, Any]:
+    """With log-probabilities (SGLang's shape): ``output_token_logprobs`` [logprob, token id, text] per
+    token and ``output_top_logprobs`` a list of those per token; the text only where ``texts`` is given."""
+    meta: dict[str, Any] = {
+        "id": str(s.rid),
+        "prompt_tokens": len(s.prompt_ids),
+        "completion_tokens": len(s.output_ids),
+        "cached_tokens": s.cached_tokens,
+        "finish_reason": None if s.finish_reason is None else {"type": s.finish_reason},
     }
+    if s.params.logprobs is not None:
+
+        def entry(logprob: float, token_id: int) -> list[Any]:
+            return [logprob, token_id, texts.text_of(token_id) if texts is not None else None]
+
+        meta["output_token_logprobs"] = [entry(lp.logprob, t) for t, lp in zip(s.output_ids, s.logprobs)]
+        meta["output_top_logprobs"] = [[entry(value, i) for i, value in lp.top] for lp in s.logprobs]
+    return {"text": s.text, "output_ids": s.output_ids, "meta_info": meta}
 
 
-async def _stream(gen: Generation) -> AsyncIterator[bytes]:
+async def _stream(gen: Generation, texts: TokenBytes | None) -> AsyncIterator[bytes]:
     try:
         async for d in gen.deltas():
-            yield sse(_result(d.sample))
+            yield sse(_result(d.sample, texts))
     except (EngineDead, SampleFailed) as e:
         yield sse(failure_error(e).body())
         return

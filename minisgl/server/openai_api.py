@@ -20,11 +20,12 @@ from minisgl.constrained.tool_calls import (
     parse_tools,
     tool_choice_name,
 )
-from minisgl.sampling import SamplingParams
+from minisgl.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
 from minisgl.server.context import ServerContext, wait_for_disconnect
 from minisgl.server.engine_client import EngineDead
 from minisgl.server.errors import ApiError
 from minisgl.server.generation import Generation, SampleFailed, failure_error
+from minisgl.server.logprobs import ChatLogprobs, CompletionLogprobs, LogprobsFormat
 from minisgl.server.schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -59,25 +60,28 @@ def openai_router(ctx: ServerContext) -> APIRouter:
         offered = tools if choice != "none" else []
         prompts = [chat_prompt_ids(ctx.tokenizer, body.messages, offered)]
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        params = _params(ctx, body, prompts, max_tokens, _forced_call(tools, choice))
+        top_logprobs = _chat_top_logprobs(body)
+        params = _params(ctx, body, prompts, max_tokens, top_logprobs, _forced_call(tools, choice))
         meta = _Meta("chatcmpl", "chat.completion", ctx.model_name)
+        logprobs = ChatLogprobs(ctx.token_bytes) if top_logprobs is not None else None
         with _request_fields():
             gen = ctx.generation(prompts, params, body.n or 1, body.cache_salt)
             if offered:
                 calls = ChatToolCalls(offered)
-                return await _respond(request, gen, body, meta, calls.choice, calls.chunk)
-            return await _respond(request, gen, body, meta, _chat_choice, _chat_chunk)
+                return await _respond(request, gen, body, meta, calls.choice, calls.chunk, logprobs)
+            return await _respond(request, gen, body, meta, _chat_choice, _chat_chunk, logprobs)
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = decode_body(await ctx.body(request), CompletionRequest)
         _check_common(ctx, body)
         prompts = completion_prompt_ids(ctx.tokenizer, body.prompt)
-        params = _params(ctx, body, prompts, body.max_tokens)
+        params = _params(ctx, body, prompts, body.max_tokens, body.logprobs)
         meta = _Meta("cmpl", "text_completion", ctx.model_name)
+        logprobs = CompletionLogprobs(ctx.token_bytes) if body.logprobs is not None else None
         with _request_fields():
             gen = ctx.generation(prompts, params, body.n or 1, body.cache_salt)
-            return await _respond(request, gen, body, meta, _completion_choice, _completion_chunk)
+            return await _respond(request, gen, body, meta, _completion_choice, _completion_chunk, logprobs)
 
     return router
 
@@ -182,6 +186,19 @@ def _tools(body: ChatCompletionRequest) -> tuple[list[Tool], str]:
         raise ApiError(400, str(e), param="tool_choice") from None
 
 
+def _chat_top_logprobs(body: ChatCompletionRequest) -> int | None:
+    """The alternatives per token that a chat request asks log-probabilities of; None: no log-probabilities.
+    ``top_logprobs`` needs ``logprobs: true`` (OpenAI's rule), but at its no-op value 0."""
+    if body.top_logprobs and not body.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    if not body.logprobs:
+        return None
+    top = body.top_logprobs or 0
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}", param="top_logprobs")
+    return top
+
+
 def _forced_call(tools: list[Tool], choice: str) -> str | None:
     try:
         return forced_call_grammar(tools, choice)
@@ -210,6 +227,7 @@ def _params(
     body: OpenAISampling,
     prompts: list[list[int]],
     max_tokens: int | None,
+    logprobs: int | None,
     forced_call: str | None = None,
 ) -> SamplingParams:
     schema = _response_format_schema(body.response_format)
@@ -229,6 +247,7 @@ def _params(
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
         logit_bias=logit_bias_of(body.logit_bias),
+        logprobs=logprobs,
         json_schema=schema,
         ebnf=forced_call,
     )
@@ -282,33 +301,56 @@ Chunk = Callable[[int, str | None, str | None], dict[str, Any] | None]
 
 
 async def _respond(
-    request: Request, gen: Generation, body: OpenAISampling, meta: _Meta, choice: Choice, chunk: Chunk
+    request: Request,
+    gen: Generation,
+    body: OpenAISampling,
+    meta: _Meta,
+    choice: Choice,
+    chunk: Chunk,
+    logprobs: LogprobsFormat | None,
 ) -> Response:
+    """``logprobs``: the shape of each choice's ``logprobs`` where the request asks for them (else null)."""
     await gen.start()
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return GenerationStream(_stream(gen, meta, chunk, include_usage), gen)
+        return GenerationStream(_stream(gen, meta, chunk, include_usage, logprobs), gen)
     try:
         finished = await gen.run(wait_for_disconnect(request))
     except (EngineDead, SampleFailed) as e:
         raise failure_error(e) from None
     if not finished:
         return Response(status_code=499)  # nobody is listening; the samples were aborted
-    choices = [choice(s.index, s.text, s.finish_reason) for s in gen.samples]
+    choices = []
+    for s in gen.samples:
+        c = choice(s.index, s.text, s.finish_reason)
+        if logprobs is not None:
+            c["logprobs"] = logprobs(s.index, s.output_ids, s.logprobs)
+        choices.append(c)
     return JSONResponse(meta.wrap(meta.object, choices=choices, usage=_usage(gen)))
 
 
-async def _stream(gen: Generation, meta: _Meta, chunk: Chunk, include_usage: bool) -> AsyncIterator[bytes]:
+async def _stream(
+    gen: Generation, meta: _Meta, chunk: Chunk, include_usage: bool, logprobs: LogprobsFormat | None
+) -> AsyncIterator[bytes]:
     obj = f"{meta.object}.chunk" if meta.object == "chat.completion" else meta.object
     for s in gen.samples:
         opening = chunk(s.index, None, None)
         if opening is not None:
             yield sse(meta.wrap(obj, choices=[opening]))
+    # Per choice, the tokens (and their log-probabilities) that no chunk has carried yet: those whose
+    # text is still held back go with the chunk that carries it.
+    unsent: dict[int, tuple[list[int], list[TokenLogprob]]] = {}
     try:
         async for d in gen.deltas():
+            ids, lps = unsent.setdefault(d.sample.index, ([], []))
+            ids += d.token_ids
+            lps += d.logprobs
             if d.text or d.finish_reason:
                 choice = chunk(d.sample.index, d.text, d.finish_reason)
                 if choice is not None:  # text a tool-call parser holds back
+                    if logprobs is not None:
+                        choice["logprobs"] = logprobs(d.sample.index, ids, lps)
+                    del unsent[d.sample.index]
                     yield sse(meta.wrap(obj, choices=[choice]))
     except (EngineDead, SampleFailed) as e:
         yield sse(failure_error(e).body())

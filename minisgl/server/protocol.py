@@ -13,7 +13,7 @@ from typing import Literal
 import msgspec
 
 from minisgl.kvcache.snapshot import TreeSnapshot
-from minisgl.sampling import RejectionCode, SamplingParams
+from minisgl.sampling import RejectionCode, SamplingParams, TokenLogprob
 from minisgl.scheduler.stats import StatsSnapshot
 
 # -- front end -> scheduler -------------------------------------------------------------------
@@ -72,6 +72,7 @@ class Token(msgspec.Struct, array_like=True):
     finish_reason: str | None
     cached_tokens: int  # prompt tokens reused from the prefix cache (known once admitted)
     error: str | None = None  # finish_reason "error": what failed in this request (token_id is -1)
+    logprob: TokenLogprob | None = None  # where the request asks for log-probabilities (``SamplingParams.logprobs``)
 
 
 class Rejection(msgspec.Struct, array_like=True):

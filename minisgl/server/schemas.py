@@ -82,34 +82,27 @@ class OpenAISampling(msgspec.Struct, kw_only=True):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # token ids as strings, as OpenAI's API sends them
-    # Accepted only at its no-op value.
-    logprobs: bool | Int64 | None = None
 
     def unsupported(self) -> str | None:
         """Name of a field set to something this engine does not implement."""
-        if self.logprobs:
-            return "logprobs"
         return None
 
 
 class ChatCompletionRequest(OpenAISampling, kw_only=True):
     messages: Messages
     max_completion_tokens: Int64 | None = None  # the newer name of max_tokens; wins when both are set
-    top_logprobs: Int64 | None = None
+    logprobs: bool | None = None  # each output token's log-probability ...
+    top_logprobs: Int64 | None = None  # ... with this many most likely tokens at its position
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None  # a forced call is one call; in "auto" the model may make several
-
-    def unsupported(self) -> str | None:
-        if self.top_logprobs:
-            return "top_logprobs"
-        return super().unsupported()
 
 
 class CompletionRequest(OpenAISampling, kw_only=True):
     # A string, a list of token ids, or a batch of either; shapes are checked in the handler
     # (msgspec unions allow a single array type).
     prompt: str | list[str | Int64 | list[Int64]]
+    logprobs: Int64 | None = None  # each output token's log-probability, with this many most likely tokens
     echo: bool | None = None
     suffix: str | None = None
     best_of: Int64 | None = None
@@ -150,6 +143,9 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     sampling_params: NativeSamplingParams = msgspec.field(default_factory=NativeSamplingParams)
     stream: bool = False
     cache_salt: str | None = None
+    return_logprob: bool = False  # each output token's log-probability ...
+    top_logprobs_num: Int64 = 0  # ... with this many most likely tokens at its position
+    return_text_in_logprobs: bool = False  # with each token's text
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):

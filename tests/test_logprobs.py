@@ -1,0 +1,128 @@
+"""Log-probabilities of sampled tokens (``SamplingParams.logprobs``): the model's own, against transformers;
+untouched by how the token is chosen; the same alone, batched and with drafts; one per output token; and the
+tokens' bytes and text they are reported with."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import torch
+from conftest import assert_idle_balanced
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from tiny_models import VOCAB
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from minisgl import LLM, SamplingParams
+from minisgl.models.source import load_tokenizer
+from minisgl.sampling import TokenLogprob
+from minisgl.text.token_bytes import TokenBytes
+
+
+def generate(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list[dict[str, Any]]:
+    return llm.generate(prompts, params, use_tqdm=False)
+
+
+@torch.inference_mode()
+def test_logprobs_are_transformers_log_softmax(fresh_smollm: LLM, hf_smollm: PreTrainedModel) -> None:
+    prompts = [fresh_smollm.encode(t) for t in ("The capital of France is", "def fibonacci(n):")]
+    outputs = generate(fresh_smollm, prompts, SamplingParams(max_tokens=8, ignore_eos=True, logprobs=5))
+    for prompt, out in zip(prompts, outputs):
+        full = prompt + out["token_ids"]
+        logits = hf_smollm(torch.tensor([full])).logits[0, len(prompt) - 1 : -1].float()
+        reference = torch.log_softmax(logits, dim=-1)
+        assert len(out["logprobs"]) == len(out["token_ids"]) == 8
+        for token, lp, ref in zip(out["token_ids"], out["logprobs"], reference):
+            assert lp.logprob == pytest.approx(float(ref[token]), abs=1e-3)
+            values, ids = ref.topk(5)
+            assert [i for i, _ in lp.top] == ids.tolist()
+            assert [v for _, v in lp.top] == pytest.approx(values.tolist(), abs=1e-3)
+            assert lp.top[0] == (token, lp.logprob)  # greedy: the most likely token, the same value
+
+
+def test_logprobs_are_the_models_whatever_chooses_the_token(plain: LLM) -> None:
+    """Temperature, top-k, penalties and biases choose the token; its log-probability stays the model's."""
+    prompt = [[5, 6, 7, 8, 9]]
+    plain.flush_cache()
+    first = generate(plain, prompt, SamplingParams(max_tokens=1, logprobs=20))[0]["logprobs"][0]
+    forced, value = first.top[-1]  # the 20th most likely token
+    plain.flush_cache()
+    params = SamplingParams(
+        max_tokens=1, temperature=0.7, top_k=3, seed=1, presence_penalty=1.5, logit_bias={forced: 100.0}, logprobs=20
+    )
+    out = generate(plain, prompt, params)[0]
+    assert out["token_ids"] == [forced]
+    assert out["logprobs"] == [TokenLogprob(value, first.top)]
+    assert generate(plain, prompt, SamplingParams(max_tokens=1))[0]["logprobs"] is None  # not asked for
+
+
+def test_logprobs_are_the_same_alone_batched_and_with_drafts(plain: LLM, spec: LLM) -> None:
+    g = torch.Generator().manual_seed(1)
+    randoms = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (3, 20, 70)]
+    prompts = [*randoms, [5, 6, 7, 8, 9, 10] * 6, [300, 301] * 20 + [7]]
+    params = SamplingParams(max_tokens=24, ignore_eos=True, logprobs=3)
+    alone = []
+    for prompt in prompts:
+        plain.flush_cache()
+        alone.append(generate(plain, [prompt], params)[0])
+    plain.flush_cache()
+    batched = generate(plain, prompts, params)
+    spec.flush_cache()
+    accepted = spec.stats()["accepted_draft_tokens"]
+    drafted = generate(spec, prompts, params)
+    assert spec.stats()["accepted_draft_tokens"] > accepted  # the tiny model repeats itself
+    for a, b, d in zip(alone, batched, drafted):
+        assert a["token_ids"] == b["token_ids"] == d["token_ids"]
+        assert len(a["logprobs"]) == len(a["token_ids"])
+        assert b["logprobs"] == a["logprobs"]
+        for x, y in zip(d["logprobs"], a["logprobs"]):  # drafts: the same tokens, rows of other passes
+            assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
+            assert [i for i, _ in x.top] == [i for i, _ in y.top]
+    assert_idle_balanced(plain)
+    assert_idle_balanced(spec)
+
+
+def test_every_token_of_a_grammar_request_has_its_logprob(fresh_smollm: LLM) -> None:
+    """Jump-forward appends the text a grammar forces without sampling it, so it has no log-probability:
+    a request that asks for them samples every token instead."""
+    assert fresh_smollm.scheduler.jump_forward
+    pattern = r"The answer is (yes|no), because [a-z ]{1,30}\."
+    params = SamplingParams(max_tokens=24, regex=pattern, logprobs=1)
+    out = generate(fresh_smollm, [fresh_smollm.encode("Is the sky blue? Answer:")], params)[0]
+    assert len(out["logprobs"]) == len(out["token_ids"]) > 5
+    assert all(lp.logprob <= 0.0 and len(lp.top) == 1 for lp in out["logprobs"])
+    if out["meta"]["finish_reason"] == "stop":
+        assert re.fullmatch(pattern, out["text"]), out["text"]
+
+
+# -- the tokens' spelling ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def default_tokens() -> TokenBytes:
+    return TokenBytes(load_tokenizer(None))
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=40))
+def test_byte_level_tokens_spell_the_text_byte_for_byte(default_tokens: TokenBytes, text: str) -> None:
+    """Multi-byte characters split across tokens included: each token's bytes, joined, are the text's."""
+    ids = default_tokens.tokenizer.encode(text, add_special_tokens=False)
+    assume(default_tokens.tokenizer.decode(ids) == text)  # what the tokenizer keeps (it drops some controls)
+    assert b"".join(default_tokens.bytes_of(i) for i in ids) == text.encode()
+    assert all(default_tokens.text_of(i) == default_tokens.bytes_of(i).decode(errors="replace") for i in ids)
+
+
+def test_special_tokens_are_spelled_as_they_read(default_tokens: TokenBytes) -> None:
+    end = default_tokens.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert default_tokens.bytes_of(end) == b"<|im_end|>"
+
+
+def test_sentencepiece_word_boundaries_and_byte_fallback() -> None:
+    vocab = {"<unk>": 0, "\u2581hi": 1, "<0xE4>": 2, "<0xBD>": 3, "<0xA0>": 4, "there": 5}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")))
+    tokens = TokenBytes(tokenizer)
+    assert tokens.bytes_of(1) == b" hi" and tokens.bytes_of(5) == b"there"
+    assert b"".join(tokens.bytes_of(i) for i in (2, 3, 4)) == "你".encode()
+    assert tokens.text_of(2) == "\ufffd"  # a part of a character
