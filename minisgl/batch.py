@@ -41,6 +41,15 @@ class SamplingRows:
     outputs: list[list[int] | None] = field(default_factory=list)
 
 
+@dataclass
+class ScoringRows:
+    """Per scored row of a batch (a prompt token's, of a request with ``SamplingParams.prompt_logprobs``):
+    the prompt token after it, whose log-probability its logits give."""
+
+    next_ids: list[int] = field(default_factory=list)
+    top: int = 0  # the most likely tokens reported per row: the most that any of their requests asks for
+
+
 @dataclass(frozen=True)
 class Batch:
     attention: AttentionKind
@@ -52,6 +61,10 @@ class Batch:
     extend_lens: torch.Tensor  # [requests] new tokens this pass (CPU int64)
     sample_rows: torch.Tensor  # [sampled] rows of the token dimension whose logits are sampled, on the device
     sampling: SamplingRows = field(default_factory=SamplingRows)  # one entry per sampled row (rank 0 only)
+    # [scored] rows of the token dimension whose logits score the prompt token after them (CPU int64), and
+    # what they score (rank 0 only); none but in prefill passes of requests that ask for prompt log-probabilities
+    score_rows: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    scoring: ScoringRows = field(default_factory=ScoringRows)
     # The first rows of the token dimension that are prefill (prompt or extension) tokens; the rest decode a
     # token each (with its drafts). Where the products have a path for prefill rows (the C kernels' amx
     # build), each row takes its kind's, so that a row's arithmetic never depends on what shares its pass.
@@ -60,6 +73,13 @@ class Batch:
     @property
     def num_reqs(self) -> int:
         return self.table_rows.numel()
+
+    @property
+    def logit_rows(self) -> torch.Tensor:
+        """The rows whose logits a pass computes: the sampled ones, then the scored ones (on the device)."""
+        if not self.score_rows.numel():
+            return self.sample_rows
+        return torch.cat([self.sample_rows, self.score_rows.to(self.sample_rows.device)])
 
     @property
     def kv_lens(self) -> torch.Tensor:

@@ -45,8 +45,9 @@ class LLM:
         cache_salt: str | None = None,
     ) -> list[dict[str, Any]]:
         """One result per prompt, in order: ``text``, ``token_ids``, ``logprobs`` (a ``TokenLogprob`` per
-        token where its ``SamplingParams.logprobs`` asks for them, else None) and ``meta`` (prompt_tokens,
-        cached_tokens, completion_tokens, finish_reason)."""
+        token where its ``SamplingParams.logprobs`` asks for them, else None), ``prompt_logprobs`` (the same
+        per prompt token, None for the first, where ``SamplingParams.prompt_logprobs`` asks for them, else
+        None) and ``meta`` (prompt_tokens, cached_tokens, completion_tokens, finish_reason)."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         params = sampling_params if isinstance(sampling_params, Sequence) else [sampling_params or SamplingParams()] * len(prompts)
@@ -89,6 +90,7 @@ class LLM:
             "text": detokenize(self.tokenizer, req.output_ids, req.params.stop),
             "token_ids": req.output_ids,
             "logprobs": req.output_logprobs if req.params.logprobs is not None else None,
+            "prompt_logprobs": [None, *req.prompt_token_logprobs] if req.scores_prompt else None,
             "meta": {
                 "prompt_tokens": req.prompt_len,
                 "cached_tokens": req.cached_prompt_tokens,

@@ -38,6 +38,7 @@ class Req:
     window_released_len: int = 0
     cached_prompt_tokens: int = 0  # prompt tokens reused from the cache (reported to the user)
     output_logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, where asked for
+    prompt_token_logprobs: list[TokenLogprob] = field(default_factory=list)  # per prompt token from the second on
     finish_reason: str | None = None
     stop_text: IncrementalDetokenizer | None = None  # the output's text, to find stop strings (if any)
     error: str | None = None  # why it failed, when finish_reason is "error" (or "rejected")
@@ -62,6 +63,11 @@ class Req:
     def max_kv_len(self) -> int:
         """KV slots the request can ever need: the last sampled token is never fed back."""
         return self.prompt_len + self.params.max_tokens - 1
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether it asks for its prompt tokens' log-probabilities (``SamplingParams.prompt_logprobs``)."""
+        return self.params.prompt_logprobs is not None
 
     @property
     def is_prefilling(self) -> bool:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minisgl.batch import SamplingRows
+from minisgl.batch import SamplingRows, ScoringRows
 from minisgl.constrained.matcher import GrammarMatcher, mask_logits
 from minisgl.kernels.native import CpuKernels
 from minisgl.sampling import SamplingParams, TokenLogprob
@@ -55,6 +55,7 @@ class Sampled:
     next_ids: torch.Tensor  # [batch] int64 on the CPU; meaningless in the rows of ``errors``
     errors: dict[int, str]  # row -> why that row's request could not be sampled
     logprobs: dict[int, TokenLogprob] = field(default_factory=dict)  # row -> its token's, where asked for
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # per scored row (``Batch.score_rows``)
 
 
 class Sampler:
@@ -103,27 +104,29 @@ class Sampler:
                 except Exception as e:  # noqa: BLE001 - whatever it is, only this row's request fails
                     sampled.errors[i] = f"sampling failed: {type(e).__name__}: {e}"
         if raw is not None:
-            sampled.logprobs.update(_token_logprobs(raw, asking, sampled, [rows.params[i] for i in asking]))
+            asked = [rows.params[i].logprobs or 0 for i in asking]
+            found = token_logprobs(raw, sampled.next_ids[asking], max(asked))
+            for i, top, lp in zip(asking, asked, found):
+                if i not in sampled.errors:
+                    sampled.logprobs[i] = TokenLogprob(lp.logprob, lp.top[:top])
         return sampled
 
 
-def _token_logprobs(
-    raw: torch.Tensor, rows: list[int], sampled: Sampled, params: list[SamplingParams]
-) -> dict[int, TokenLogprob]:
-    """``raw``: the log-probabilities of ``rows`` (on the logits' device) → each row's ``TokenLogprob`` for
-    its sampled token (none for a row whose sampling failed). One top-k for all rows, to the largest k asked for."""
-    chosen = sampled.next_ids[rows].to(raw.device)
-    values = raw.gather(1, chosen.unsqueeze(1))[:, 0].tolist()
-    k = max(p.logprobs or 0 for p in params)
-    top_values: list[list[float]] = [[] for _ in rows]
-    top_ids: list[list[int]] = [[] for _ in rows]
-    if k:
-        top_values, top_ids = (t.tolist() for t in torch.topk(raw, k))
-    return {
-        row: TokenLogprob(value, list(zip(ids[: p.logprobs], vs[: p.logprobs])))
-        for row, value, ids, vs, p in zip(rows, values, top_ids, top_values, params)
-        if row not in sampled.errors
-    }
+def prompt_logprobs(logits: torch.Tensor, scoring: ScoringRows) -> list[TokenLogprob]:
+    """The scored rows' logits → the log-probability of the prompt token after each, with the
+    ``scoring.top`` most likely tokens there."""
+    raw = torch.log_softmax(logits.float(), dim=-1)
+    return token_logprobs(raw, torch.tensor(scoring.next_ids), scoring.top)
+
+
+def token_logprobs(raw: torch.Tensor, chosen: torch.Tensor, top: int) -> list[TokenLogprob]:
+    """``raw``: rows of log-probabilities; ``chosen``: the token of each row (CPU int64) → its ``TokenLogprob``
+    with the ``top`` most likely tokens of the row."""
+    values = raw.gather(1, chosen.to(raw.device).unsqueeze(1))[:, 0].tolist()
+    if not top:
+        return [TokenLogprob(value, []) for value in values]
+    top_values, top_ids = (t.tolist() for t in torch.topk(raw, top))
+    return [TokenLogprob(value, list(zip(ids, vs))) for value, ids, vs in zip(values, top_ids, top_values)]
 
 
 def _position_seed(seed: int, position: int) -> int:

@@ -79,6 +79,9 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     # None: no log-probabilities; k: each sampled token's ``TokenLogprob`` with the k most likely tokens.
     logprobs: int | None = None
+    # The same for each prompt token but the first (nothing predicts it); such a request computes its whole
+    # prompt, reusing no cached prefix: the logits of every position are needed.
+    prompt_logprobs: int | None = None
     # Constrained decoding, at most one (SGLang's names): the output matches this JSON schema (a dict
     # or its text), regular expression or EBNF grammar, and ends when the grammar does.
     json_schema: str | dict[str, Any] | None = None
@@ -150,9 +153,10 @@ class SamplingParams:
             if not _is_real(bias) or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
                 message = f"logit_bias values must be in [{-MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias!r}"
                 raise _invalid("logit_bias", message)
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
-            message = f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}"
-            raise _invalid("logprobs", message)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS):
+                raise _invalid(name, f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}], got {value!r}")
         if self.seed is not None and (not _is_int(self.seed) or not MIN_SEED <= self.seed <= MAX_SEED):
             raise _invalid("seed", f"seed must be an integer in [{MIN_SEED}, {MAX_SEED}], got {self.seed!r}")
         try:

@@ -43,6 +43,60 @@ def test_logprobs_are_transformers_log_softmax(fresh_smollm: LLM, hf_smollm: Pre
             assert lp.top[0] == (token, lp.logprob)  # greedy: the most likely token, the same value
 
 
+@torch.inference_mode()
+def test_prompt_logprobs_are_transformers_log_softmax(fresh_smollm: LLM, hf_smollm: PreTrainedModel) -> None:
+    """Every prompt token's but the first's, whether or not the prompt is cached: a request that asks for
+    them reuses no cached prefix."""
+    prompt = fresh_smollm.encode("The capital of France is Paris. The capital of Germany is")
+    params = SamplingParams(max_tokens=2, prompt_logprobs=3)
+    reference = torch.log_softmax(hf_smollm(torch.tensor([prompt])).logits[0, :-1].float(), dim=-1)
+    for _ in range(2):  # the second time the prompt is in the cache
+        out = generate(fresh_smollm, [prompt], params)[0]
+        assert out["meta"]["cached_tokens"] == 0 and out["logprobs"] is None
+        scores = out["prompt_logprobs"]
+        assert len(scores) == len(prompt) and scores[0] is None
+        for token, lp, ref in zip(prompt[1:], scores[1:], reference):
+            assert lp.logprob == pytest.approx(float(ref[token]), abs=1e-3)
+            values, ids = ref.topk(3)
+            assert [i for i, _ in lp.top] == ids.tolist()
+            assert [v for _, v in lp.top] == pytest.approx(values.tolist(), abs=1e-3)
+    assert fresh_smollm.generate([prompt], SamplingParams(max_tokens=1), use_tqdm=False)[0]["meta"]["cached_tokens"] > 0
+
+
+def test_scoring_requests_keep_within_the_scored_tokens_of_a_pass(plain: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The logits of every prompt token of a scoring request are kept: a pass holds at most
+    ``max_scored_tokens`` of them, however many such requests wait, while other requests prefill as usual."""
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (40, 30, 50)]
+    params = [SamplingParams(max_tokens=4, ignore_eos=True, prompt_logprobs=2)] * 2 + [SamplingParams(max_tokens=4)]
+    plain.flush_cache()
+    whole = generate(plain, prompts, params)
+    plain.flush_cache()
+    monkeypatch.setattr(plain.scheduler.planner, "max_scored_tokens", 16)
+    sched = plain.scheduler
+    reqs = [sched.make_request(100 + i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
+    for req in reqs:
+        sched.add(req)
+    scoring_passes = 0
+    while sched.has_work:
+        before = [r.device_len for r in reqs]
+        sched.step()
+        scored = sum(r.device_len - b for r, b in zip(reqs[:2], before) if b < r.prompt_len)
+        assert scored <= 16
+        scoring_passes += scored > 0
+        if scoring_passes == 1:
+            assert reqs[2].device_len == 50  # the request that does not score prefilled whole in the first pass
+    assert scoring_passes == -(-(40 + 30) // 16)
+    for req, out in zip(reqs, whole):
+        assert req.output_ids == out["token_ids"]
+    for req, out in zip(reqs[:2], whole):
+        assert len(req.prompt_token_logprobs) == req.prompt_len - 1
+        for chunked, at_once in zip(req.prompt_token_logprobs, out["prompt_logprobs"][1:]):
+            assert chunked.logprob == pytest.approx(at_once.logprob, abs=1e-4)
+            assert [i for i, _ in chunked.top] == [i for i, _ in at_once.top]
+    assert_idle_balanced(plain)
+
+
 def test_logprobs_are_the_models_whatever_chooses_the_token(plain: LLM) -> None:
     """Temperature, top-k, penalties and biases choose the token; its log-probability stays the model's."""
     prompt = [[5, 6, 7, 8, 9]]

@@ -109,6 +109,7 @@ def test_stop_token_ids_and_eos(llm: LLM) -> None:
         ([1, 2], SamplingParams(logprobs=-1), r"logprobs must be an integer in \[0, 20\], got -1"),
         ([1, 2], SamplingParams(logprobs=21), r"logprobs must be an integer in \[0, 20\], got 21"),
         ([1, 2], SamplingParams(logprobs=True), "logprobs must be an integer"),  # type: ignore[arg-type]
+        ([1, 2], SamplingParams(prompt_logprobs=30), r"prompt_logprobs must be an integer in \[0, 20\], got 30"),
         ([2**70], SamplingParams(), "token ids must be integers"),
         ([1, 2], SamplingParams(max_tokens=2**64), "exceeds the context"),
     ],

@@ -362,6 +362,37 @@ def test_logprobs_match_offline(server: Server, offline: LLM) -> None:
     assert plain.choices[0].logprobs is None  # not asked for
 
 
+def test_echo_lists_the_prompt_first(server: Server, offline: LLM) -> None:
+    """``echo`` starts each choice with its prompt; with ``logprobs`` the prompt's tokens come first there
+    too, the first with null (nothing predicts it): how evaluation harnesses score a text."""
+    client = server.openai()
+    prompt = "The capital of France is"
+    ids = offline.encode(prompt)
+    ref = offline.generate([prompt], _greedy(3, logprobs=1, prompt_logprobs=1), use_tqdm=False)[0]
+    expected = [x.logprob for x in [*ref["prompt_logprobs"][1:], *ref["logprobs"]]]
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True)
+    assert out.choices[0].text == prompt + ref["text"] and out.choices[0].logprobs is None
+    for sent in (prompt, ids):  # text, or token ids (decoded)
+        out = client.completions.create(model=MODEL, prompt=sent, max_tokens=3, temperature=0, echo=True, logprobs=1)
+        lp = out.choices[0].logprobs
+        assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None
+        assert "".join(lp.tokens) == out.choices[0].text == prompt + ref["text"]
+        assert lp.token_logprobs[0] is None and lp.top_logprobs is not None and lp.top_logprobs[0] is None
+        assert lp.token_logprobs[1:] == pytest.approx(expected, abs=1e-4)
+        assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
+        assert out.usage is not None and out.usage.prompt_tokens_details is not None
+        assert out.usage.prompt_tokens_details.cached_tokens == 0  # every prompt token's logits were computed
+    stream = client.completions.create(
+        model=MODEL, prompt=ids, max_tokens=3, temperature=0, echo=True, logprobs=1, stream=True, n=2
+    )
+    chunks = [choice for c in stream for choice in c.choices]
+    for index in (0, 1):
+        mine = [c for c in chunks if c.index == index]
+        assert mine[0].text == prompt and "".join(c.text for c in mine) == prompt + ref["text"]
+        assert [t for c in mine for t in c.logprobs.tokens or []] == lp.tokens  # type: ignore[union-attr]
+    server.assert_idle_balanced()
+
+
 def test_tokenize_gives_the_ids_the_completions_count(server: Server) -> None:
     client = server.openai()
     messages = _chat("What is the capital of France?")
@@ -488,7 +519,6 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("chat logprobs a number", CHAT, {"messages": HI, "logprobs": 2}, 400, "Expected `bool | null`, got `int`"),
     ("logprobs too many", COMPLETIONS, {"prompt": "hi", "logprobs": 21}, 400, "logprobs must be an integer in [0, 20]"),
     ("native top_logprobs_num", GENERATE, {"text": "a", "top_logprobs_num": -1}, 400, "top_logprobs_num must be in"),
-    ("unsupported echo", COMPLETIONS, {"prompt": "hi", "echo": True}, 400, "echo is not supported"),
     ("penalty too large", CHAT, {"messages": HI, "presence_penalty": 2.5}, 400, "presence_penalty must be in [-2, 2]"),
     ("logit_bias key not an id", COMPLETIONS, {"prompt": "hi", "logit_bias": {"a": 1}}, 400, "logit_bias keys must be"),
     ("logit_bias key signed twice", CHAT, {"messages": HI, "logit_bias": {"--5": 1}}, 400, "logit_bias keys must be"),

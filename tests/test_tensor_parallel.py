@@ -129,14 +129,23 @@ def test_tiny_qwen3_tp2_matches_tp1_with_chunks_pages_and_cache_hits(tiny_qwen3:
     prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (1, 9, 70)]
     prompts += [prefix + [7, 8, 9], prefix + [10, 11]]  # a shared prefix: radix hits on the second pass
     options: dict[str, Any] = {"num_page_override": 512, "page_size": 4, "max_prefill_tokens": 32, "device": "cpu"}
+    scoring = SamplingParams(max_tokens=4, ignore_eos=True, logprobs=2, prompt_logprobs=2)
     ref_llm = LLM(str(tiny_qwen3), **options)
     reference = tokens(ref_llm, prompts)
+    ref_scores = ref_llm.generate(prompts[1:3], scoring, use_tqdm=False)
     ref_llm.shutdown()
     llm = call_with_limit(lambda: LLM(str(tiny_qwen3), tp_size=2, **options))
     try:
         assert call_with_limit(lambda: tokens(llm, prompts)) == reference
         again = call_with_limit(lambda: tokens(llm, prompts))  # now mostly from the prefix cache
         assert again == reference
+        # Scored prompt rows go to every rank with the sampled ones (the 70-token prompt: over 3 chunks).
+        scores = call_with_limit(lambda: llm.generate(prompts[1:3], scoring, use_tqdm=False))
+        for got, want in zip(scores, ref_scores):
+            assert got["token_ids"] == want["token_ids"]
+            for name in ("prompt_logprobs", "logprobs"):
+                values = [x.logprob for x in got[name] if x is not None]
+                assert values == pytest.approx([x.logprob for x in want[name] if x is not None], abs=1e-3)
         # Alone, the 70-token prompt's first chunks sample no row: no logits to gather on any rank.
         llm.flush_cache()
         assert call_with_limit(lambda: tokens(llm, [prompts[2]])) == [reference[2]]

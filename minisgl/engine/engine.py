@@ -6,6 +6,7 @@ and of the KV heads) and knows nothing of processes: ``minisgl.parallel`` drives
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import local_heads
 from minisgl.models.loader import load_model, memory_bytes
 from minisgl.models.source import resolve_gguf_file
-from minisgl.sampler import Sampled, Sampler
+from minisgl.sampler import Sampled, Sampler, prompt_logprobs
 
 if TYPE_CHECKING:
     from minisgl.distributed.group import TPGroup
@@ -127,14 +128,19 @@ class Engine:
 
     @torch.inference_mode()
     def run_model(self, batch: Batch) -> torch.Tensor:
-        """The model on this rank's shard; logits of ``batch.sample_rows`` (full vocabulary on rank 0)."""
+        """The model on this rank's shard; logits of ``batch.logit_rows`` (full vocabulary on rank 0)."""
         ctx = self.attention.prepare(batch)
-        return self.model(batch.input_ids, batch.positions, ctx, batch.sample_rows, batch.prefill_tokens)
+        return self.model(batch.input_ids, batch.positions, ctx, batch.logit_rows, batch.prefill_tokens)
 
     @torch.inference_mode()
     def sample(self, batch: Batch, logits: torch.Tensor) -> Sampled:
-        """The next token of each sampled row (CPU int64), and the rows whose own sampling failed."""
-        return self.sampler.sample(logits, batch.sampling)
+        """The next token of each sampled row (CPU int64), the rows whose own sampling failed, and what the
+        scored rows give (``Sampled.prompt_logprobs``)."""
+        sampled = batch.sample_rows.numel()
+        result = self.sampler.sample(logits[:sampled], batch.sampling)
+        if not batch.score_rows.numel():
+            return result
+        return replace(result, prompt_logprobs=prompt_logprobs(logits[sampled:], batch.scoring))
 
     def forward(self, batch: Batch) -> Sampled:
         return self.sample(batch, self.run_model(batch))

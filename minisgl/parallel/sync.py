@@ -3,15 +3,16 @@
 Each message is a fixed-size int64 header over the control group (ranks 1..N-1 block on it while rank
 0 idles), then for a forward pass one int64 payload over the default group, on the device:
 
-    header   [op, attention kind, requests R, tokens T, sampled rows L, page-table entries E, prefill tokens]
-    payload  input_ids[T] positions[T] out_slots[T] sample_rows[L] table_rows[R] prefix_lens[R]
+    header   [op, attention kind, requests R, tokens T, sampled rows L, scored rows S, page-table entries E,
+              prefill tokens]
+    payload  input_ids[T] positions[T] out_slots[T] sample_rows[L] score_rows[S] table_rows[R] prefix_lens[R]
              extend_lens[R] page-table entries[E] (window-table entries[E])
 
-That is the whole ``Batch`` but its sampling parameters (only rank 0 samples). The entries are
-``page_table[row, :prefix_len + extend_len]`` of every request in the batch (then the same of the
-window table, for a model whose windowed layers have a pool of their own), so a rank's tables hold
-rank 0's values for every slot the attention backend reads this step; the KV slots themselves
-(which pages are free, cached, owned) are decided by rank 0 alone.
+That is the whole ``Batch`` but its sampling parameters and what its scored rows score (only rank 0
+samples and scores). The entries are ``page_table[row, :prefix_len + extend_len]`` of every request in
+the batch (then the same of the window table, for a model whose windowed layers have a pool of their
+own), so a rank's tables hold rank 0's values for every slot the attention backend reads this step; the
+KV slots themselves (which pages are free, cached, owned) are decided by rank 0 alone.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from minisgl.engine.engine import Engine
 from minisgl.parallel.rendezvous import COLLECTIVE_TIMEOUT_S
 
 OP_FORWARD, OP_CHECK, OP_SHUTDOWN = 1, 2, 3
-HEADER_LEN = 7
+HEADER_LEN = 8
 REPORT_FIELDS = ("kv_heads", "num_slots", "slots_written", "written_checksum", "steps", "tokens")
 
 
@@ -48,14 +49,16 @@ class BatchSync:
     # -- rank 0 ------------------------------------------------------------------------------------
     def send_batch(self, batch: Batch) -> None:
         kv_lens = batch.kv_lens
-        tokens, sampled = batch.input_ids.numel(), batch.sample_rows.numel()
+        tokens, sampled, scored = batch.input_ids.numel(), batch.sample_rows.numel(), batch.score_rows.numel()
         self._send_header(
-            OP_FORWARD, batch.attention.value, batch.num_reqs, tokens, sampled, int(kv_lens.sum()), batch.prefill_tokens
-        )
+            OP_FORWARD, batch.attention.value, batch.num_reqs, tokens, sampled, scored, int(kv_lens.sum()),
+            batch.prefill_tokens,
+        )  # fmt: skip
         meta = torch.cat([batch.table_rows, batch.prefix_lens, batch.extend_lens]).to(self.device)
         r_idx, c_idx = self._table_index(meta[: batch.num_reqs], kv_lens.to(self.device))
         entries = [table[r_idx, c_idx] for table in self.tables]
-        payload = torch.cat([batch.input_ids, batch.positions, batch.out_slots, batch.sample_rows, meta, *entries])
+        rows = [batch.sample_rows, batch.score_rows.to(self.device)]
+        payload = torch.cat([batch.input_ids, batch.positions, batch.out_slots, *rows, meta, *entries])
         dist.broadcast(payload, 0)
         self._record(batch.out_slots)
 
@@ -89,7 +92,7 @@ class BatchSync:
         while True:
             header = torch.zeros(HEADER_LEN, dtype=torch.int64)
             dist.broadcast(header, 0, group=self.tp.control)
-            op, attention, num_reqs, tokens, sampled, entries, prefill_tokens = header.tolist()
+            op, attention, num_reqs, tokens, sampled, scored, entries, prefill_tokens = header.tolist()
             if op == OP_SHUTDOWN:
                 return None
             if op == OP_CHECK:
@@ -97,17 +100,20 @@ class BatchSync:
                 continue
             if op != OP_FORWARD:
                 raise RuntimeError(f"unknown tensor-parallel message {op}")
-            sizes = [tokens, tokens, tokens, sampled, num_reqs, num_reqs, num_reqs] + [entries] * len(self.tables)
+            sizes = [tokens, tokens, tokens, sampled, scored, num_reqs, num_reqs, num_reqs]
+            sizes += [entries] * len(self.tables)
             payload = torch.empty(sum(sizes), dtype=torch.int64, device=self.device)
             dist.broadcast(payload, 0)
-            input_ids, positions, out_slots, sample_rows, rows, prefix_lens, extend_lens, *values = payload.split(sizes)
+            input_ids, positions, out_slots, sample_rows, score_rows, rows, prefix_lens, extend_lens, *values = (
+                payload.split(sizes)
+            )
             index = self._table_index(rows, prefix_lens + extend_lens)
             for table, value in zip(self.tables, values):
                 table[index] = value
             self._record(out_slots)
             return Batch(
                 AttentionKind(attention), input_ids, positions, out_slots, rows.cpu(), prefix_lens.cpu(),
-                extend_lens.cpu(), sample_rows, prefill_tokens=prefill_tokens,
+                extend_lens.cpu(), sample_rows, prefill_tokens=prefill_tokens, score_rows=score_rows.cpu(),
             )  # fmt: skip
 
     # -- both --------------------------------------------------------------------------------------

@@ -129,8 +129,10 @@ class CacheManager:
 
     @staticmethod
     def _matchable(req: Req) -> torch.Tensor:
-        # At least one prompt token is always computed: its logits give the first output token.
-        return torch.tensor(req.token_ids[: req.prompt_len - 1], dtype=torch.int64)
+        # At least one prompt token is always computed: its logits give the first output token. A request
+        # that scores its prompt needs the logits of every prompt token: it matches nothing.
+        end = 0 if req.scores_prompt else req.prompt_len - 1
+        return torch.tensor(req.token_ids[:end], dtype=torch.int64)
 
     def try_admit(self, req: Req) -> bool:
         """Lock the request's cached prefix and reserve slots for the rest of its lifetime."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minisgl.batch import AttentionKind, Batch, SamplingRows
+from minisgl.batch import AttentionKind, Batch, SamplingRows, ScoringRows
 from minisgl.request import Req
 from minisgl.sampler import Sampler
 
@@ -24,6 +24,8 @@ class ForwardPass:
     # Speculative decoding: the draft tokens computed after a request's tokens; such a request has one
     # sampled row for its last token and one after each draft token
     drafts: dict[Req, list[int]] = field(default_factory=dict)
+    # Requests that score their prompt, with their scored rows in the pass, in the order of ``batch.score_rows``
+    scored: list[tuple[Req, int]] = field(default_factory=list)
 
     @classmethod
     def build(
@@ -37,7 +39,8 @@ class ForwardPass:
         """The next ``prefill_lens`` prompt tokens of each of ``prefills`` and every token of the
         ``decoding`` requests not computed yet, each from its ``device_len``, then the request's draft
         (if any); a request whose new tokens reach its end is sampled (its last token's logits give
-        the next token), and after each of its draft tokens too."""
+        the next token), and after each of its draft tokens too. A request that scores its prompt has a
+        scored row for each of its prompt tokens in the pass that has a prompt token after it."""
         drafts = drafts or {}
         reqs = prefills + decoding
         decode_lens = [r.extend_len + len(drafts.get(r, ())) for r in decoding]
@@ -49,12 +52,22 @@ class ForwardPass:
         sample_rows: list[int] = []
         sampled: list[Req] = []
         rows = SamplingRows()
+        score_rows: list[int] = []
+        scoring = ScoringRows()
+        scored: list[tuple[Req, int]] = []
         for req, n in zip(reqs, extend_lens):
             start = req.device_len
             draft = drafts.get(req, [])
             ids.extend(req.token_ids[start : start + n - len(draft)] + draft)
             positions.extend(range(start, start + n))
             token_rows.extend([req.row] * n)
+            scored_end = min(start + n, req.prompt_len - 1) if req.scores_prompt else start
+            if scored_end > start:  # positions start .. scored_end - 1 score the tokens after them
+                first = len(ids) - n
+                score_rows.extend(range(first, first + scored_end - start))
+                scoring.next_ids.extend(req.token_ids[start + 1 : scored_end + 1])
+                scoring.top = max(scoring.top, req.params.prompt_logprobs or 0)
+                scored.append((req, scored_end - start))
             if start + n - len(draft) == req.seq_len:
                 sampled.append(req)
                 for position in range(req.seq_len, req.seq_len + len(draft) + 1):  # of each sampled token
@@ -85,5 +98,7 @@ class ForwardPass:
             sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=device),
             sampling=rows,
             prefill_tokens=sum(prefill_lens),
+            score_rows=torch.tensor(score_rows, dtype=torch.int64),
+            scoring=scoring,
         )
-        return cls(batch, reqs, extend_lens, sampled, prefills, sum(prefill_lens), sum(decode_lens), drafts)
+        return cls(batch, reqs, extend_lens, sampled, prefills, sum(prefill_lens), sum(decode_lens), drafts, scored)

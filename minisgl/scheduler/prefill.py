@@ -36,11 +36,23 @@ class PrefillPlan:
     reqs: list[Req] = field(default_factory=list)  # short-lane admissions, continuing chunks, other admissions
     lens: list[int] = field(default_factory=list)  # new tokens of each this pass (fewer than it needs: chunked)
     admitted: list[Req] = field(default_factory=list)  # newly admitted: they move from waiting to running
+    scored_tokens: int = 0  # new tokens of the requests that score their prompt (``Req.scores_prompt``)
+
+    def add(self, req: Req, n: int) -> None:
+        self.reqs.append(req)
+        self.lens.append(n)
+        if req.scores_prompt:
+            self.scored_tokens += n
 
 
 class PrefillPlanner:
-    def __init__(self, cache_manager: CacheManager, policy: str, max_prefill_tokens: int) -> None:
+    def __init__(
+        self, cache_manager: CacheManager, policy: str, max_prefill_tokens: int, max_scored_tokens: int
+    ) -> None:
+        """``max_scored_tokens``: the new tokens of requests that score their prompt in one pass, whose
+        logits are all kept (a pass's others keep those of one token per request)."""
         self.cache_manager, self.policy, self.max_prefill_tokens = cache_manager, policy, max_prefill_tokens
+        self.max_scored_tokens = max_scored_tokens
 
     def plan(self, waiting: Sequence[Req], running: Sequence[Req]) -> PrefillPlan:
         """The next prefill pass; empty if nothing waits to be prefilled or nothing fits.
@@ -55,10 +67,9 @@ class PrefillPlanner:
         if short and self._can_admit(waiting, budget):
             budget -= self._admit(plan, short, self.max_prefill_tokens // SHORT_LANE_DIVISOR, prompts)
         for req in continuing:
-            if budget > 0:
-                n = min(req.extend_len, budget)
-                plan.reqs.append(req)
-                plan.lens.append(n)
+            n = self._chunk_len(plan, req, budget)
+            if n > 0:
+                plan.add(req, n)
                 budget -= n
         if self._can_admit(waiting, budget):  # checked before ordering, which matches every waiting prompt
             self._admit(plan, self._ordered(waiting), budget, prompts)
@@ -75,20 +86,28 @@ class PrefillPlanner:
                 break
             if req in plan.admitted:  # already in the short lane
                 continue
-            if self.cache_manager.cache.shares_prefixes and prompts:
+            n = self._chunk_len(plan, req, budget - used)
+            if n <= 0:  # a request that scores its prompt, with the pass's scored tokens used up
+                continue
+            if self.cache_manager.cache.shares_prefixes and prompts and not req.scores_prompt:
                 if matched is None:
                     matched = self.cache_manager.match_len(req)
                 if self._shares_with(req, matched, prompts):
                     continue
             if not self.cache_manager.try_admit(req):
                 break  # conservative: later requests must not overtake one that does not fit yet
-            n = min(req.extend_len, budget - used)
+            n = self._chunk_len(plan, req, budget - used)  # admission set its cached prefix
             plan.admitted.append(req)
-            plan.reqs.append(req)
-            plan.lens.append(n)
+            plan.add(req, n)
             used += n
             prompts.append(torch.tensor(req.token_ids[: req.prompt_len]))
         return used
+
+    def _chunk_len(self, plan: PrefillPlan, req: Req, budget: int) -> int:
+        """Its new tokens in the pass: what it needs, within ``budget`` and, for a request that scores its
+        prompt, within the scored tokens left."""
+        n = min(req.extend_len, budget)
+        return min(n, self.max_scored_tokens - plan.scored_tokens) if req.scores_prompt else n
 
     def _can_admit(self, waiting: Sequence[Req], budget: int) -> bool:
         """Whether any waiting request could be admitted: a token budget, a page-table row and

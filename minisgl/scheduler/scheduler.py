@@ -12,6 +12,7 @@ until it is done, instead of holding the step for everyone."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
@@ -40,6 +41,7 @@ from minisgl.scheduler.prefill import PrefillPlan, PrefillPlanner, default_prefi
 from minisgl.scheduler.speculative import NgramDrafter, PassCost
 from minisgl.scheduler.stats import EngineStats, StatsSnapshot
 from minisgl.text.detokenizer import IncrementalDetokenizer
+from minisgl.tuning import MAX_SCORED_LOGITS
 
 logger = logging.getLogger("minisgl.scheduler")
 
@@ -63,6 +65,8 @@ class TokenOutput:
     cached_tokens: int  # prompt tokens the request reused from the prefix cache
     error: str | None = None  # finish_reason "error": what went wrong with this request (token_id is -1)
     logprob: TokenLogprob | None = None  # a sampled token's, where the request asks for them
+    # With a request's first output token, where it asks for them: its prompt tokens' from the second on
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class Scheduler:
@@ -79,7 +83,8 @@ class Scheduler:
             window, engine.window_per_request,
         )  # fmt: skip
         budget = config.max_prefill_tokens or default_prefill_tokens(engine.model_config.hidden_size)
-        self.planner = PrefillPlanner(self.cache_manager, config.schedule_policy, budget)
+        scored = max(1, MAX_SCORED_LOGITS // engine.model_config.vocab_size)
+        self.planner = PrefillPlanner(self.cache_manager, config.schedule_policy, budget, scored)
         logger.info("prefill: at most %d tokens per pass (longer prompts are chunked)", budget)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
@@ -211,6 +216,7 @@ class Scheduler:
         start = time.perf_counter()
         sampled = self.runner.forward(work.batch)  # an exception here is the engine's: every request fails
         self._record_pass(work, time.perf_counter() - start)
+        self._take_prompt_logprobs(work, sampled.prompt_logprobs)
         next_ids = sampled.next_ids.tolist()
         row = 0
         for req in work.sampled:
@@ -259,6 +265,16 @@ class Scheduler:
         if self.drafter is not None and self.drafter.cost is not None and work.prefill_tokens == 0:
             self.drafter.cost.observe(work.decode_tokens, elapsed)
         self.stats.record_pass(work.prefill_tokens, work.decode_tokens, kv_read, len(work.sampled), elapsed)
+
+    @staticmethod
+    def _take_prompt_logprobs(work: ForwardPass, scores: list[TokenLogprob]) -> None:
+        """The scored rows' log-probabilities (in ``work.scored``'s order) to their requests, each cut to the
+        alternatives it asks for."""
+        rows = iter(scores)
+        for req, count in work.scored:
+            top = req.params.prompt_logprobs or 0
+            taken = itertools.islice(rows, count)
+            req.prompt_token_logprobs += [TokenLogprob(lp.logprob, lp.top[:top]) for lp in taken]
 
     def _take_sampled(
         self,
@@ -322,6 +338,7 @@ class Scheduler:
             tokens = req.token_ids[kept:]
             reason = self._finish_reason(req, tokens)
             logprob = req.output_logprobs[kept - req.prompt_len] if req.params.logprobs is not None else None
+            prompt = req.prompt_token_logprobs if req.scores_prompt and kept == req.prompt_len else None
         except Exception as e:  # noqa: BLE001 - its grammar or stop handling failed: only this request fails
             del req.token_ids[kept:]  # the tokens it failed on are not its output (and have no KV)
             del req.output_logprobs[kept - req.prompt_len :]
@@ -331,7 +348,7 @@ class Scheduler:
             self._retire(req, reason)
         last = len(tokens) - 1
         return [
-            TokenOutput(req.rid, t, reason if i == last else None, req.cached_prompt_tokens, None, logprob)
+            TokenOutput(req.rid, t, reason if i == last else None, req.cached_prompt_tokens, None, logprob, prompt)
             for i, t in enumerate(tokens)
         ]
 

@@ -35,6 +35,7 @@ class Sample:
     accepted: bool = False  # the scheduler queued it (only then can it count as aborted)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, where asked for
+    prompt_logprobs: list[TokenLogprob] | None = None  # per prompt token from the second on, where asked for
     cached_tokens: int = 0
     finish_reason: str | None = None
     last_token_at: float | None = None
@@ -179,6 +180,8 @@ class Generation:
         sample.output_ids.append(event.token_id)
         if event.logprob is not None:
             sample.logprobs.append(event.logprob)
+        if event.prompt_logprobs is not None:
+            sample.prompt_logprobs = event.prompt_logprobs
         sample.cached_tokens = event.cached_tokens
         if event.finish_reason is not None:
             sample.finish_reason = event.finish_reason

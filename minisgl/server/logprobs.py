@@ -1,10 +1,12 @@
 """A choice's ``logprobs`` in OpenAI's two shapes, from the engine's ``TokenLogprob``s: the chat API's
 ``{"content": [{token, logprob, bytes, top_logprobs}]}`` and the completions API's parallel lists
 (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``). A streamed choice gets those of the
-tokens its chunk carries."""
+tokens its chunk carries. A completion that echoes its prompt lists the prompt's tokens first, the first
+of them with no log-probability (null): nothing predicts it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from minisgl.sampling import TokenLogprob
@@ -12,8 +14,8 @@ from minisgl.text.token_bytes import TokenBytes
 
 
 class LogprobsFormat(Protocol):
-    def __call__(self, index: int, token_ids: list[int], logprobs: list[TokenLogprob]) -> dict[str, Any]:
-        """The ``logprobs`` of choice ``index`` for its next tokens ``token_ids``."""
+    def __call__(self, index: int, token_ids: list[int], logprobs: Sequence[TokenLogprob | None]) -> dict[str, Any]:
+        """The ``logprobs`` of choice ``index`` for its next tokens ``token_ids`` (None: a token nothing predicts)."""
         ...
 
 
@@ -21,9 +23,10 @@ class ChatLogprobs:
     def __init__(self, tokens: TokenBytes) -> None:
         self.tokens = tokens
 
-    def __call__(self, index: int, token_ids: list[int], logprobs: list[TokenLogprob]) -> dict[str, Any]:
+    def __call__(self, index: int, token_ids: list[int], logprobs: Sequence[TokenLogprob | None]) -> dict[str, Any]:
         content = []
         for token_id, lp in zip(token_ids, logprobs, strict=True):
+            assert lp is not None, "a chat response lists output tokens only, each predicted"
             top = [self._entry(i, value) for i, value in lp.top]
             content.append({**self._entry(token_id, lp.logprob), "top_logprobs": top})
         return {"content": content}
@@ -42,17 +45,24 @@ class CompletionLogprobs:
         self.tokens = tokens
         self._offsets: dict[int, int] = {}  # per choice: where its next token's text starts
 
-    def __call__(self, index: int, token_ids: list[int], logprobs: list[TokenLogprob]) -> dict[str, Any]:
+    def __call__(self, index: int, token_ids: list[int], logprobs: Sequence[TokenLogprob | None]) -> dict[str, Any]:
         offset = self._offsets.get(index, 0)
-        texts, offsets, tops = [], [], []
+        texts: list[str] = []
+        offsets: list[int] = []
+        values: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
         for token_id, lp in zip(token_ids, logprobs, strict=True):
             text = self.tokens.text_of(token_id)
-            top = {self.tokens.text_of(i): value for i, value in lp.top}
-            top.setdefault(text, lp.logprob)
             texts.append(text)
             offsets.append(offset)
-            tops.append(top)
             offset += len(text)
+            if lp is None:
+                values.append(None)
+                tops.append(None)
+                continue
+            top = {self.tokens.text_of(i): value for i, value in lp.top}
+            top.setdefault(text, lp.logprob)
+            values.append(lp.logprob)
+            tops.append(top)
         self._offsets[index] = offset
-        return {"tokens": texts, "token_logprobs": [lp.logprob for lp in logprobs], "top_logprobs": tops,
-                "text_offset": offsets}  # fmt: skip
+        return {"tokens": texts, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}

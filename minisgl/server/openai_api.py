@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,7 +25,7 @@ from minisgl.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
 from minisgl.server.context import ServerContext, wait_for_disconnect
 from minisgl.server.engine_client import EngineDead
 from minisgl.server.errors import ApiError
-from minisgl.server.generation import Generation, SampleFailed, failure_error
+from minisgl.server.generation import Generation, Sample, SampleFailed, failure_error
 from minisgl.server.logprobs import ChatLogprobs, CompletionLogprobs, LogprobsFormat
 from minisgl.server.schemas import (
     ChatCompletionRequest,
@@ -68,8 +69,8 @@ def openai_router(ctx: ServerContext) -> APIRouter:
             gen = ctx.generation(prompts, params, body.n or 1, body.cache_salt)
             if offered:
                 calls = ChatToolCalls(offered)
-                return await _respond(request, gen, body, meta, calls.choice, calls.chunk, logprobs)
-            return await _respond(request, gen, body, meta, _chat_choice, _chat_chunk, logprobs)
+                return await _respond(request, gen, body, meta, calls.choice, calls.chunk, logprobs, None)
+            return await _respond(request, gen, body, meta, _chat_choice, _chat_chunk, logprobs, None)
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -77,11 +78,14 @@ def openai_router(ctx: ServerContext) -> APIRouter:
         _check_common(ctx, body)
         prompts = completion_prompt_ids(ctx.tokenizer, body.prompt)
         params = _params(ctx, body, prompts, body.max_tokens, body.logprobs)
+        echo = _prompt_texts(ctx.tokenizer, body.prompt, prompts) if body.echo else None
+        if echo is not None and body.logprobs is not None:  # the echoed prompt's tokens are listed too
+            params = replace(params, prompt_logprobs=body.logprobs)
         meta = _Meta("cmpl", "text_completion", ctx.model_name)
         logprobs = CompletionLogprobs(ctx.token_bytes) if body.logprobs is not None else None
         with _request_fields():
             gen = ctx.generation(prompts, params, body.n or 1, body.cache_salt)
-            return await _respond(request, gen, body, meta, _completion_choice, _completion_chunk, logprobs)
+            return await _respond(request, gen, body, meta, _completion_choice, _completion_chunk, logprobs, echo)
 
     return router
 
@@ -146,6 +150,12 @@ def completion_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str | list
     if any(p == "" for p in prompt):
         raise ApiError(400, "prompt is empty", param="prompt")
     return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+
+
+def _prompt_texts(tokenizer: PreTrainedTokenizerBase, prompt: str | list[Any], ids: list[list[int]]) -> list[str]:
+    """The text of each prompt that ``completion_prompt_ids`` read: as sent, or its ids decoded."""
+    sent: list[Any] = [prompt] if isinstance(prompt, str) or all(isinstance(t, int) for t in prompt) else prompt
+    return [p if isinstance(p, str) else tokenizer.decode(i, skip_special_tokens=True) for p, i in zip(sent, ids)]
 
 
 # -- parameters --------------------------------------------------------------------------------
@@ -265,6 +275,12 @@ class _Meta:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, **fields}
 
 
+def _prompt_logprobs(sample: Sample) -> list[TokenLogprob | None]:
+    """Its prompt tokens' log-probabilities, None for the first: what an echoed prompt lists."""
+    assert sample.prompt_logprobs is not None, "an echo with logprobs asks for the prompt's"
+    return [None, *sample.prompt_logprobs]
+
+
 def _usage(gen: Generation) -> dict[str, Any]:
     u = gen.usage()
     return {
@@ -308,12 +324,14 @@ async def _respond(
     choice: Choice,
     chunk: Chunk,
     logprobs: LogprobsFormat | None,
+    echo: list[str] | None,
 ) -> Response:
-    """``logprobs``: the shape of each choice's ``logprobs`` where the request asks for them (else null)."""
+    """``logprobs``: the shape of each choice's ``logprobs`` where the request asks for them (else null);
+    ``echo``: each prompt's text, where a choice starts with its prompt (then so do its ``logprobs``)."""
     await gen.start()
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return GenerationStream(_stream(gen, meta, chunk, include_usage, logprobs), gen)
+        return GenerationStream(_stream(gen, meta, chunk, include_usage, logprobs, echo), gen)
     try:
         finished = await gen.run(wait_for_disconnect(request))
     except (EngineDead, SampleFailed) as e:
@@ -322,15 +340,25 @@ async def _respond(
         return Response(status_code=499)  # nobody is listening; the samples were aborted
     choices = []
     for s in gen.samples:
-        c = choice(s.index, s.text, s.finish_reason)
-        if logprobs is not None:
-            c["logprobs"] = logprobs(s.index, s.output_ids, s.logprobs)
+        if echo is None:
+            c = choice(s.index, s.text, s.finish_reason)
+            if logprobs is not None:
+                c["logprobs"] = logprobs(s.index, s.output_ids, s.logprobs)
+        else:
+            c = choice(s.index, echo[s.prompt_index] + s.text, s.finish_reason)
+            if logprobs is not None:
+                c["logprobs"] = logprobs(s.index, s.prompt_ids + s.output_ids, [*_prompt_logprobs(s), *s.logprobs])
         choices.append(c)
     return JSONResponse(meta.wrap(meta.object, choices=choices, usage=_usage(gen)))
 
 
 async def _stream(
-    gen: Generation, meta: _Meta, chunk: Chunk, include_usage: bool, logprobs: LogprobsFormat | None
+    gen: Generation,
+    meta: _Meta,
+    chunk: Chunk,
+    include_usage: bool,
+    logprobs: LogprobsFormat | None,
+    echo: list[str] | None,
 ) -> AsyncIterator[bytes]:
     obj = f"{meta.object}.chunk" if meta.object == "chat.completion" else meta.object
     for s in gen.samples:
@@ -340,17 +368,26 @@ async def _stream(
     # Per choice, the tokens (and their log-probabilities) that no chunk has carried yet: those whose
     # text is still held back go with the chunk that carries it.
     unsent: dict[int, tuple[list[int], list[TokenLogprob]]] = {}
+    echoed: set[int] = set()
     try:
         async for d in gen.deltas():
-            ids, lps = unsent.setdefault(d.sample.index, ([], []))
+            s = d.sample
+            if echo is not None and s.index not in echoed:  # its prompt, once its log-probabilities are in
+                echoed.add(s.index)
+                prompt = chunk(s.index, echo[s.prompt_index], None)
+                if prompt is not None:
+                    if logprobs is not None:
+                        prompt["logprobs"] = logprobs(s.index, s.prompt_ids, _prompt_logprobs(s))
+                    yield sse(meta.wrap(obj, choices=[prompt]))
+            ids, lps = unsent.setdefault(s.index, ([], []))
             ids += d.token_ids
             lps += d.logprobs
             if d.text or d.finish_reason:
-                choice = chunk(d.sample.index, d.text, d.finish_reason)
+                choice = chunk(s.index, d.text, d.finish_reason)
                 if choice is not None:  # text a tool-call parser holds back
                     if logprobs is not None:
-                        choice["logprobs"] = logprobs(d.sample.index, ids, lps)
-                    del unsent[d.sample.index]
+                        choice["logprobs"] = logprobs(s.index, ids, lps)
+                    del unsent[s.index]
                     yield sse(meta.wrap(obj, choices=[choice]))
     except (EngineDead, SampleFailed) as e:
         yield sse(failure_error(e).body())

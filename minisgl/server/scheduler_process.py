@@ -170,7 +170,9 @@ class SchedulerLoop:
         out = StepOutput()
         for o in self.scheduler.step():
             if o.finish_reason != "rejected":
-                out.tokens.append(Token(o.rid, o.token_id, o.finish_reason, o.cached_tokens, o.error, o.logprob))
+                out.tokens.append(
+                    Token(o.rid, o.token_id, o.finish_reason, o.cached_tokens, o.error, o.logprob, o.prompt_logprobs)
+                )
                 continue
             rejected = self._unanswered.pop(o.rid, None)
             if rejected is not None and rejected.rejection is not None:  # its grammar did not compile

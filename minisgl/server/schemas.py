@@ -108,8 +108,6 @@ class CompletionRequest(OpenAISampling, kw_only=True):
     best_of: Int64 | None = None
 
     def unsupported(self) -> str | None:
-        if self.echo:
-            return "echo"
         if self.suffix:
             return "suffix"
         if self.best_of not in (None, 1):
