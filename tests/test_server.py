@@ -390,6 +390,13 @@ def test_echo_lists_the_prompt_first(server: Server, offline: LLM) -> None:
         mine = [c for c in chunks if c.index == index]
         assert mine[0].text == prompt and "".join(c.text for c in mine) == prompt + ref["text"]
         assert [t for c in mine for t in c.logprobs.tokens or []] == lp.tokens  # type: ignore[union-attr]
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 3, "temperature": 0}, "return_logprob": True,
+            "logprob_start_len": 0}  # fmt: skip
+    meta = server.post(GENERATE, json=body).json()["meta_info"]  # SGLang's shape: [logprob, id, text]
+    assert [token for _, token, _ in meta["input_token_logprobs"]] == ids
+    assert meta["input_token_logprobs"][0][0] is None and meta["input_top_logprobs"][0] is None
+    values = [value for value, _, _ in meta["input_token_logprobs"][1:] + meta["output_token_logprobs"]]
+    assert values == pytest.approx(expected, abs=1e-4)
     server.assert_idle_balanced()
 
 
@@ -519,6 +526,8 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("chat logprobs a number", CHAT, {"messages": HI, "logprobs": 2}, 400, "Expected `bool | null`, got `int`"),
     ("logprobs too many", COMPLETIONS, {"prompt": "hi", "logprobs": 21}, 400, "logprobs must be an integer in [0, 20]"),
     ("native top_logprobs_num", GENERATE, {"text": "a", "top_logprobs_num": -1}, 400, "top_logprobs_num must be in"),
+    ("logprob_start_len past the prompt", GENERATE, {"input_ids": [5, 6], "logprob_start_len": 2}, 400,
+     "logprob_start_len must be -1 or a prompt position in [0, 2), got 2"),
     ("penalty too large", CHAT, {"messages": HI, "presence_penalty": 2.5}, 400, "presence_penalty must be in [-2, 2]"),
     ("logit_bias key not an id", COMPLETIONS, {"prompt": "hi", "logit_bias": {"a": 1}}, 400, "logit_bias keys must be"),
     ("logit_bias key signed twice", CHAT, {"messages": HI, "logit_bias": {"--5": 1}}, 400, "logit_bias keys must be"),

@@ -339,7 +339,7 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     **dict.fromkeys(["top_k", "seed", "max_tokens", "max_completion_tokens", "max_new_tokens", "n", "best_of"], numbers),
     **dict.fromkeys(["ignore_eos", "stream", "echo"], st.booleans()),
     **dict.fromkeys(["text", "model", "cache_salt", "suffix"], strings),
-    **dict.fromkeys(["logprobs", "top_logprobs", "top_logprobs_num"], st.one_of(st.booleans(), ints)),
+    **dict.fromkeys(["logprobs", "top_logprobs", "top_logprobs_num", "logprob_start_len"], st.one_of(st.booleans(), ints)),
     "return_logprob": st.booleans(),
     "stop": st.one_of(strings, string_lists),
     "stop_token_ids": token_lists,
@@ -362,7 +362,7 @@ BASES: dict[str, tuple[dict[str, Any], list[str]]] = {
     COMPLETIONS: ({"prompt": "w3 w4", "max_tokens": 4}, [*OPENAI_FIELDS, "prompt", "echo", "suffix", "best_of"]),
     GENERATE: (
         {"text": "w3 w4", "sampling_params": {"max_new_tokens": 4}},
-        ["text", "input_ids", "stream", "return_logprob", "top_logprobs_num", "unknown"],
+        ["text", "input_ids", "stream", "return_logprob", "top_logprobs_num", "logprob_start_len", "unknown"],
     ),
 }
 

@@ -4,13 +4,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from minisgl.sampling import MAX_TOP_LOGPROBS, SamplingParams
+from minisgl.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
 from minisgl.server.context import ServerContext, wait_for_disconnect
 from minisgl.server.engine_client import EngineDead
 from minisgl.server.errors import ApiError
@@ -44,6 +45,11 @@ def native_router(ctx: ServerContext) -> APIRouter:
         if not 0 <= body.top_logprobs_num <= MAX_TOP_LOGPROBS:
             message = f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {body.top_logprobs_num}"
             raise ApiError(400, message, param="top_logprobs_num")
+        if not -1 <= body.logprob_start_len < len(prompt):
+            start = body.logprob_start_len
+            message = f"logprob_start_len must be -1 or a prompt position in [0, {len(prompt)}), got {start}"
+            raise ApiError(400, message, param="logprob_start_len")
+        scores_prompt = body.return_logprob and body.logprob_start_len >= 0
         sp = body.sampling_params
         params = SamplingParams(
             max_tokens=sp.max_new_tokens
@@ -61,22 +67,23 @@ def native_router(ctx: ServerContext) -> APIRouter:
             frequency_penalty=sp.frequency_penalty,
             logit_bias=logit_bias_of(sp.logit_bias),
             logprobs=body.top_logprobs_num if body.return_logprob else None,
+            prompt_logprobs=body.top_logprobs_num if scores_prompt else None,
             json_schema=sp.json_schema,
             regex=sp.regex,
             ebnf=sp.ebnf,
         )
         gen = ctx.generation([prompt], params, 1, body.cache_salt)
-        texts = ctx.token_bytes if body.return_text_in_logprobs else None
+        shape = _LogprobShape(ctx.token_bytes if body.return_text_in_logprobs else None, body.logprob_start_len)
         await gen.start()
         if body.stream:
-            return GenerationStream(_stream(gen, texts), gen)
+            return GenerationStream(_stream(gen, shape), gen)
         try:
             finished = await gen.run(wait_for_disconnect(request))
         except (EngineDead, SampleFailed) as e:
             raise failure_error(e) from None
         if not finished:
             return Response(status_code=499)
-        return JSONResponse(_result(gen.samples[0], texts))
+        return JSONResponse(_result(gen.samples[0], shape))
 
     @router.post("/tokenize")
     async def tokenize(request: Request) -> Response:
@@ -105,9 +112,29 @@ def native_router(ctx: ServerContext) -> APIRouter:
     return router
 
 
-def _result(s: Sample, texts: TokenBytes | None) -> dict[str, Any]:
-    """With log-probabilities (SGLang's shape): ``output_token_logprobs`` [logprob, token id, text] per
-    token and ``output_top_logprobs`` a list of those per token; the text only where ``texts`` is given."""
+@dataclass(frozen=True)
+class _LogprobShape:
+    """How a result lists log-probabilities (SGLang's shape): [logprob, token id, text] per token, the text
+    only where ``texts`` is given; the prompt's from ``start`` on (-1: none), null for its first token."""
+
+    texts: TokenBytes | None
+    start: int
+
+    def entry(self, logprob: float | None, token_id: int) -> list[Any]:
+        return [logprob, token_id, self.texts.text_of(token_id) if self.texts is not None else None]
+
+    def tokens(self, token_ids: list[int], logprobs: Sequence[TokenLogprob | None]) -> dict[str, Any]:
+        """``token_logprobs``: an entry per token; ``top_logprobs``: a list of entries per token (None where
+        nothing predicts the token)."""
+        return {
+            "token_logprobs": [self.entry(None if lp is None else lp.logprob, t) for t, lp in zip(token_ids, logprobs)],
+            "top_logprobs": [None if lp is None else [self.entry(v, i) for i, v in lp.top] for lp in logprobs],
+        }
+
+
+def _result(s: Sample, shape: _LogprobShape) -> dict[str, Any]:
+    """With log-probabilities: ``output_token_logprobs`` and ``output_top_logprobs``, and where the prompt's
+    are asked for ``input_token_logprobs`` and ``input_top_logprobs`` (``_LogprobShape``)."""
     meta: dict[str, Any] = {
         "id": str(s.rid),
         "prompt_tokens": len(s.prompt_ids),
@@ -116,19 +143,19 @@ def _result(s: Sample, texts: TokenBytes | None) -> dict[str, Any]:
         "finish_reason": None if s.finish_reason is None else {"type": s.finish_reason},
     }
     if s.params.logprobs is not None:
-
-        def entry(logprob: float, token_id: int) -> list[Any]:
-            return [logprob, token_id, texts.text_of(token_id) if texts is not None else None]
-
-        meta["output_token_logprobs"] = [entry(lp.logprob, t) for t, lp in zip(s.output_ids, s.logprobs)]
-        meta["output_top_logprobs"] = [[entry(value, i) for i, value in lp.top] for lp in s.logprobs]
+        output = shape.tokens(s.output_ids, s.logprobs)
+        meta["output_token_logprobs"], meta["output_top_logprobs"] = output["token_logprobs"], output["top_logprobs"]
+    if s.prompt_logprobs is not None:
+        scores: list[TokenLogprob | None] = [None, *s.prompt_logprobs]
+        prompt = shape.tokens(s.prompt_ids[shape.start :], scores[shape.start :])
+        meta["input_token_logprobs"], meta["input_top_logprobs"] = prompt["token_logprobs"], prompt["top_logprobs"]
     return {"text": s.text, "output_ids": s.output_ids, "meta_info": meta}
 
 
-async def _stream(gen: Generation, texts: TokenBytes | None) -> AsyncIterator[bytes]:
+async def _stream(gen: Generation, shape: _LogprobShape) -> AsyncIterator[bytes]:
     try:
         async for d in gen.deltas():
-            yield sse(_result(d.sample, texts))
+            yield sse(_result(d.sample, shape))
     except (EngineDead, SampleFailed) as e:
         yield sse(failure_error(e).body())
         return

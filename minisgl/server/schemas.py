@@ -144,6 +144,7 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     return_logprob: bool = False  # each output token's log-probability ...
     top_logprobs_num: Int64 = 0  # ... with this many most likely tokens at its position
     return_text_in_logprobs: bool = False  # with each token's text
+    logprob_start_len: Int64 = -1  # >= 0: the prompt's tokens' too, from this position on (-1: none)
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
