@@ -82,7 +82,8 @@ class Sampler:
         Penalties and biases (``adjust_logits``) go first, in place too; the log-probabilities that rows
         ask for (``SamplingParams.logprobs``) are taken from the logits before all that."""
         asking = [i for i, p in enumerate(rows.params) if p.logprobs is not None]
-        raw = torch.log_softmax(logits[asking].float(), dim=-1) if asking else None
+        # A copy (index_select's: a quarter of the time of indexing with a list), as the steps below change ``logits``.
+        raw = logits.index_select(0, torch.tensor(asking, device=logits.device)).float() if asking else None
         errors = _adjust_rows(logits, rows)
         if any(g is not None for g in rows.grammars):
             errors |= _mask_grammar_rows(logits, rows.grammars)
@@ -105,28 +106,34 @@ class Sampler:
                     sampled.errors[i] = f"sampling failed: {type(e).__name__}: {e}"
         if raw is not None:
             asked = [rows.params[i].logprobs or 0 for i in asking]
-            found = token_logprobs(raw, sampled.next_ids[asking], max(asked))
+            found = self.token_logprobs(raw, sampled.next_ids[asking], max(asked))
             for i, top, lp in zip(asking, asked, found):
                 if i not in sampled.errors:
                     sampled.logprobs[i] = TokenLogprob(lp.logprob, lp.top[:top])
         return sampled
 
+    def prompt_logprobs(self, logits: torch.Tensor, scoring: ScoringRows) -> list[TokenLogprob]:
+        """The scored rows' logits → the log-probability of the prompt token after each, with the
+        ``scoring.top`` most likely tokens there."""
+        return self.token_logprobs(logits.float(), torch.tensor(scoring.next_ids), scoring.top)
 
-def prompt_logprobs(logits: torch.Tensor, scoring: ScoringRows) -> list[TokenLogprob]:
-    """The scored rows' logits → the log-probability of the prompt token after each, with the
-    ``scoring.top`` most likely tokens there."""
-    raw = torch.log_softmax(logits.float(), dim=-1)
-    return token_logprobs(raw, torch.tensor(scoring.next_ids), scoring.top)
-
-
-def token_logprobs(raw: torch.Tensor, chosen: torch.Tensor, top: int) -> list[TokenLogprob]:
-    """``raw``: rows of log-probabilities; ``chosen``: the token of each row (CPU int64) → its ``TokenLogprob``
-    with the ``top`` most likely tokens of the row."""
-    values = raw.gather(1, chosen.to(raw.device).unsqueeze(1))[:, 0].tolist()
-    if not top:
-        return [TokenLogprob(value, []) for value in values]
-    top_values, top_ids = (t.tolist() for t in torch.topk(raw, top))
-    return [TokenLogprob(value, list(zip(ids, vs))) for value, ids, vs in zip(values, top_ids, top_values)]
+    def token_logprobs(self, logits: torch.Tensor, chosen: torch.Tensor, top: int) -> list[TokenLogprob]:
+        """``logits``: fp32 rows; ``chosen``: the token of each row (CPU int64) → its ``TokenLogprob``, with the
+        ``top`` most likely tokens of the row. A token's log-probability is its logit less the row's
+        log-sum-exp: the C kernels' for CPU rows (no row of log-probabilities written out, as torch's
+        log_softmax writes one), and their argmax for the most likely token."""
+        kernels = self.kernels if logits.is_cpu and logits.is_contiguous() else None
+        lse = kernels.logsumexp(logits) if kernels is not None else torch.logsumexp(logits, dim=-1)
+        values = (logits.gather(1, chosen.to(logits.device).unsqueeze(1))[:, 0] - lse).tolist()
+        if not top:
+            return [TokenLogprob(value, []) for value in values]
+        if top == 1 and kernels is not None:
+            ids = kernels.argmax(logits).unsqueeze(1)
+            top_logits = logits.gather(1, ids)
+        else:
+            top_logits, ids = torch.topk(logits, top)
+        top_values = (top_logits - lse.unsqueeze(1)).tolist()
+        return [TokenLogprob(value, list(zip(i, v))) for value, i, v in zip(values, ids.tolist(), top_values)]
 
 
 def _position_seed(seed: int, position: int) -> int:

@@ -806,6 +806,28 @@ def test_argmax_is_max_s_indices(kernels: CpuKernels, rows: int, n: int) -> None
             kernels.argmax(bad)
 
 
+@pytest.mark.parametrize("rows, n", [(1, 49152), (32, 49152), (9, 37), (3, 7)])
+def test_logsumexp_is_torch_s(kernels: CpuKernels, rows: int, n: int) -> None:
+    """Every build's log-sum-exp and its reference against torch's (in float64): logits as large as a model's,
+    a row whose largest value is in its last lane, rows with a NaN (NaN), all -inf (-inf) and an +inf (+inf),
+    at widths on both sides of a vector's."""
+    g = torch.Generator().manual_seed(rows * n)
+    x = torch.randn(rows, n, generator=g) * 8
+    x[0, -1] = 60.0
+    if rows > 3:
+        x[1, n // 2] = float("nan")
+        x[2] = float("-inf")
+        x[3, 1] = float("inf")
+    expected = torch.logsumexp(x.double(), dim=-1).float()
+    for reference in (True, False):
+        got = kernels.logsumexp(x, reference=reference)
+        torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-6, equal_nan=True, msg=f"reference={reference}")
+    for bad, message in ((torch.zeros(2, 0), "at least one column"), (x.double(), "x must be torch.float32"),
+                         (torch.zeros(4, 6)[:, ::2], "x must be contiguous")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            kernels.logsumexp(bad)
+
+
 def test_prefill_attention_refuses_mismatched_arguments(kernels: CpuKernels) -> None:
     pool = torch.zeros(10, 2, 16, dtype=torch.bfloat16)
     good = {

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_idle_balanced
+from conftest import assert_idle_balanced, c_kernels_or_skip
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from tiny_models import VOCAB
@@ -18,6 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from minisgl import LLM, SamplingParams
 from minisgl.models.source import load_tokenizer
+from minisgl.sampler import Sampler
 from minisgl.sampling import TokenLogprob
 from minisgl.text.token_bytes import TokenBytes
 
@@ -150,6 +151,21 @@ def test_every_token_of_a_grammar_request_has_its_logprob(fresh_smollm: LLM) -> 
     assert all(lp.logprob <= 0.0 and len(lp.top) == 1 for lp in out["logprobs"])
     if out["meta"]["finish_reason"] == "stop":
         assert re.fullmatch(pattern, out["text"]), out["text"]
+
+
+@pytest.mark.parametrize("top", [0, 1, 3])
+def test_token_logprobs_are_log_softmax_with_and_without_the_c_kernels(top: int) -> None:
+    """The log-sum-exp and the most likely token from the C kernels, or torch's (CUDA, no compiler)."""
+    g = torch.Generator().manual_seed(top)
+    logits = torch.randn(5, 1000, generator=g) * 6
+    chosen = torch.randint(0, 1000, (5,), generator=g)
+    reference = torch.log_softmax(logits.double(), dim=-1)
+    for sampler in (Sampler(kernels=None), Sampler(kernels=c_kernels_or_skip())):
+        for row, (lp, ref) in enumerate(zip(sampler.token_logprobs(logits, chosen, top), reference)):
+            assert lp.logprob == pytest.approx(float(ref[chosen[row]]), abs=1e-5)
+            values, ids = ref.topk(top)
+            assert [i for i, _ in lp.top] == ids.tolist()
+            assert [v for _, v in lp.top] == pytest.approx(values.tolist(), abs=1e-5)
 
 
 # -- the tokens' spelling ------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import local_heads
 from minisgl.models.loader import load_model, memory_bytes
 from minisgl.models.source import resolve_gguf_file
-from minisgl.sampler import Sampled, Sampler, prompt_logprobs
+from minisgl.sampler import Sampled, Sampler
 
 if TYPE_CHECKING:
     from minisgl.distributed.group import TPGroup
@@ -140,7 +140,7 @@ class Engine:
         result = self.sampler.sample(logits[:sampled], batch.sampling)
         if not batch.score_rows.numel():
             return result
-        return replace(result, prompt_logprobs=prompt_logprobs(logits[sampled:], batch.scoring))
+        return replace(result, prompt_logprobs=self.sampler.prompt_logprobs(logits[sampled:], batch.scoring))
 
     def forward(self, batch: Batch) -> Sampled:
         return self.sample(batch, self.run_model(batch))

@@ -175,6 +175,11 @@ int silu_mul_rounded(const float *gate_up, int64_t rows, int64_t n, int8_t *code
 int argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out, int threads);
 int argmax_rows_ref(const float *x, int64_t rows, int64_t n, int64_t *out);
 
+// out[r] = log sum_i e^x[r, i] of x [rows, n] fp32: NaN for a row with a NaN, the largest value where it is
+// infinite (logsumexp.c).
+int logsumexp_rows(const float *x, int64_t rows, int64_t n, float *out, int threads);
+int logsumexp_rows_ref(const float *x, int64_t rows, int64_t n, float *out);
+
 int64_t decode_layer_scratch(int64_t batch, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
                              int64_t intermediate);
 int decode_layers(const Layer *layers, int64_t count, const Step *s, const float *x, float *residual, float *out,
