@@ -12,7 +12,7 @@
 - ``rms_norm.c``: RMSNorm (after a residual add) in one call instead of torch's seven ops; also with its
   output rounded as the products round their rows (``RoundedRows``), as ``activation.c``'s SwiGLU too.
 - ``rotary.c``: RoPE, with torch's roundings, for ``decode_layer.c``.
-- ``argmax.c``, ``logsumexp.c``: the sampler's greedy tokens and the log-sum-exp its log-probabilities take.
+- ``logits.c``: the sampler's greedy tokens (argmax) and the log-sum-exp its log-probabilities take.
 - ``gguf_tiles.c``: a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks written into those tiles, for the loader.
 - ``decode_layer.c``: a whole decode step through int4 Llama layers, the kernels above chained in C
   (``FusedDecoder``): at one request the Python between them was a third of the step.
@@ -717,29 +717,25 @@ class CpuKernels:
     def argmax(self, x: torch.Tensor, reference: bool = False) -> torch.Tensor:
         """Each row's index of its largest value in fp32 ``x`` [rows, n], the first of equal ones, or of its
         first NaN: ``x.max(dim=-1).indices``, the greedy sampler's tokens → [rows] int64."""
-        _check("x", x, (torch.float32,), (None, None))
-        if x.shape[1] < 1:
-            raise ValueError("x must have at least one column")
-        out = torch.empty(x.shape[0], dtype=torch.int64)
-        args = (self.pointer(x), x.shape[0], x.shape[1], self.pointer(out))
-        if reference:
-            self.raise_for("argmax_rows_ref", self.lib.argmax_rows_ref(*args))
-        else:
-            self.raise_for("argmax_rows", self.lib.argmax_rows(*args, torch.get_num_threads()))
-        return out
+        return self._per_row("argmax_rows", x, torch.int64, reference)
 
     def logsumexp(self, x: torch.Tensor, reference: bool = False) -> torch.Tensor:
         """Each row's log sum_i e^x_i of fp32 ``x`` [rows, n] → [rows] fp32: ``torch.logsumexp(x, -1)``, what a
         token's logit is less its log-probability (NaN for a row with a NaN)."""
+        return self._per_row("logsumexp_rows", x, torch.float32, reference)
+
+    def _per_row(self, name: str, x: torch.Tensor, dtype: torch.dtype, reference: bool) -> torch.Tensor:
+        """One value of ``dtype`` per row of fp32 ``x`` [rows, n] from kernel ``name`` (``logits.c``) or its
+        plain reference."""
         _check("x", x, (torch.float32,), (None, None))
         if x.shape[1] < 1:
             raise ValueError("x must have at least one column")
-        out = torch.empty(x.shape[0])
+        out = torch.empty(x.shape[0], dtype=dtype)
         args = (self.pointer(x), x.shape[0], x.shape[1], self.pointer(out))
         if reference:
-            self.raise_for("logsumexp_rows_ref", self.lib.logsumexp_rows_ref(*args))
+            self.raise_for(f"{name}_ref", getattr(self.lib, f"{name}_ref")(*args))
         else:
-            self.raise_for("logsumexp_rows", self.lib.logsumexp_rows(*args, torch.get_num_threads()))
+            self.raise_for(name, getattr(self.lib, name)(*args, torch.get_num_threads()))
         return out
 
     def fused_decoder(self, layers: list[LayerWeights]) -> FusedDecoder:

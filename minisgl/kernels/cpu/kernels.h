@@ -171,12 +171,12 @@ int silu_mul_rounded(const float *gate_up, int64_t rows, int64_t n, int8_t *code
                      float *sum, int threads);
 
 // out[r] = the index of the largest of row r of x [rows, n] fp32, the first of equal ones, or of the row's first
-// NaN (torch.max's indices; argmax.c).
+// NaN (torch.max's indices; logits.c).
 int argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out, int threads);
 int argmax_rows_ref(const float *x, int64_t rows, int64_t n, int64_t *out);
 
 // out[r] = log sum_i e^x[r, i] of x [rows, n] fp32: NaN for a row with a NaN, the largest value where it is
-// infinite (logsumexp.c).
+// infinite (logits.c).
 int logsumexp_rows(const float *x, int64_t rows, int64_t n, float *out, int threads);
 int logsumexp_rows_ref(const float *x, int64_t rows, int64_t n, float *out);
 
