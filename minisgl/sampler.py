@@ -82,7 +82,7 @@ class Sampler:
         Penalties and biases (``adjust_logits``) go first, in place too; the log-probabilities that rows
         ask for (``SamplingParams.logprobs``) are taken from the logits before all that."""
         asking = [i for i, p in enumerate(rows.params) if p.logprobs is not None]
-        # A copy (index_select's: a quarter of the time of indexing with a list), as the steps below change ``logits``.
+        # A copy of the rows that ask (the steps below change ``logits``), by index_select: faster than list indexing.
         raw = logits.index_select(0, torch.tensor(asking, device=logits.device)).float() if asking else None
         errors = _adjust_rows(logits, rows)
         if any(g is not None for g in rows.grammars):

@@ -4,6 +4,7 @@ tokens' bytes and text they are reported with."""
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
@@ -13,7 +14,7 @@ from conftest import assert_idle_balanced, c_kernels_or_skip
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from tiny_models import VOCAB
-from tokenizers import Tokenizer, models
+from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from minisgl import LLM, SamplingParams
@@ -187,6 +188,14 @@ def test_byte_level_tokens_spell_the_text_byte_for_byte(default_tokens: TokenByt
 def test_special_tokens_are_spelled_as_they_read(default_tokens: TokenBytes) -> None:
     end = default_tokens.tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert default_tokens.bytes_of(end) == b"<|im_end|>"
+
+
+def test_a_byte_level_decoder_within_a_sequence_is_one() -> None:
+    tokenizer = copy.deepcopy(load_tokenizer(None))
+    tokenizer.backend_tokenizer.decoder = decoders.Sequence([decoders.ByteLevel()])
+    tokens = TokenBytes(tokenizer)
+    ids = tokenizer.encode("naïve 🙂", add_special_tokens=False)
+    assert b"".join(tokens.bytes_of(i) for i in ids) == "naïve 🙂".encode()
 
 
 def test_sentencepiece_word_boundaries_and_byte_fallback() -> None:

@@ -33,8 +33,9 @@ class TokenBytes:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._byte_level = type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
+        decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+        # Its JSON: a ByteLevel decoder alone or within a Sequence.
+        self._byte_level = decoder is not None and b'"type":"ByteLevel"' in decoder.__getstate__()
         self._added = set(tokenizer.added_tokens_decoder)  # spelled as they read, in every vocabulary
         self._bytes: dict[int, bytes] = {}
 
