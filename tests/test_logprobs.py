@@ -1,6 +1,6 @@
-"""Log-probabilities of sampled tokens (``SamplingParams.logprobs``): the model's own, against transformers;
-untouched by how the token is chosen; the same alone, batched and with drafts; one per output token; and the
-tokens' bytes and text they are reported with."""
+"""Log-probabilities of output and prompt tokens (``SamplingParams.logprobs``, ``prompt_logprobs``): the model's
+own, against transformers; untouched by how the token is chosen; the same alone, batched and with drafts; one per
+output token; the prompt's scored within a pass's bound; and the tokens' bytes and text they are reported with."""
 
 from __future__ import annotations
 
