@@ -90,7 +90,7 @@ class LLM:
             "text": detokenize(self.tokenizer, req.output_ids, req.params.stop),
             "token_ids": req.output_ids,
             "logprobs": req.output_logprobs if req.params.logprobs is not None else None,
-            "prompt_logprobs": [None, *req.prompt_token_logprobs] if req.scores_prompt else None,
+            "prompt_logprobs": req.prompt_token_logprobs if req.scores_prompt else None,
             "meta": {
                 "prompt_tokens": req.prompt_len,
                 "cached_tokens": req.cached_prompt_tokens,

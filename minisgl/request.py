@@ -38,7 +38,8 @@ class Req:
     window_released_len: int = 0
     cached_prompt_tokens: int = 0  # prompt tokens reused from the cache (reported to the user)
     output_logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, where asked for
-    prompt_token_logprobs: list[TokenLogprob] = field(default_factory=list)  # per prompt token from the second on
+    # Per prompt token, where asked for (``scores_prompt``): None for the first, which nothing predicts
+    prompt_token_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     finish_reason: str | None = None
     stop_text: IncrementalDetokenizer | None = None  # the output's text, to find stop strings (if any)
     error: str | None = None  # why it failed, when finish_reason is "error" (or "rejected")
@@ -46,6 +47,8 @@ class Req:
 
     def __post_init__(self) -> None:
         self.prompt_len = len(self.token_ids)
+        if self.scores_prompt:
+            self.prompt_token_logprobs.append(None)
 
     @property
     def seq_len(self) -> int:

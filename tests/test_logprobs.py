@@ -92,8 +92,9 @@ def test_scoring_requests_keep_within_the_scored_tokens_of_a_pass(plain: LLM, mo
     for req, out in zip(reqs, whole):
         assert req.output_ids == out["token_ids"]
     for req, out in zip(reqs[:2], whole):
-        assert len(req.prompt_token_logprobs) == req.prompt_len - 1
-        for chunked, at_once in zip(req.prompt_token_logprobs, out["prompt_logprobs"][1:]):
+        assert len(req.prompt_token_logprobs) == req.prompt_len and req.prompt_token_logprobs[0] is None
+        for chunked, at_once in zip(req.prompt_token_logprobs[1:], out["prompt_logprobs"][1:]):
+            assert chunked is not None and at_once is not None
             assert chunked.logprob == pytest.approx(at_once.logprob, abs=1e-4)
             assert [i for i, _ in chunked.top] == [i for i, _ in at_once.top]
     assert_idle_balanced(plain)
@@ -143,13 +144,17 @@ def test_logprobs_are_the_same_alone_batched_and_with_drafts(plain: LLM, spec: L
 
 def test_every_token_of_a_grammar_request_has_its_logprob(fresh_smollm: LLM) -> None:
     """Jump-forward appends the text a grammar forces without sampling it, so it has no log-probability:
-    a request that asks for them samples every token instead."""
+    a request that asks for them samples every token instead. The grammar chooses the tokens, not their figures:
+    the first position's most likely token is the unconstrained one's, which the grammar forbids there."""
     assert fresh_smollm.scheduler.jump_forward
+    prompt = [fresh_smollm.encode("Is the sky blue? Answer:")]
+    free = generate(fresh_smollm, prompt, SamplingParams(max_tokens=1, logprobs=1))[0]["logprobs"][0]
+    fresh_smollm.flush_cache()
     pattern = r"The answer is (yes|no), because [a-z ]{1,30}\."
-    params = SamplingParams(max_tokens=24, regex=pattern, logprobs=1)
-    out = generate(fresh_smollm, [fresh_smollm.encode("Is the sky blue? Answer:")], params)[0]
+    out = generate(fresh_smollm, prompt, SamplingParams(max_tokens=24, regex=pattern, logprobs=1))[0]
     assert len(out["logprobs"]) == len(out["token_ids"]) > 5
     assert all(lp.logprob <= 0.0 and len(lp.top) == 1 for lp in out["logprobs"])
+    assert out["token_ids"][0] != free.top[0][0] and out["logprobs"][0].top == free.top
     if out["meta"]["finish_reason"] == "stop":
         assert re.fullmatch(pattern, out["text"]), out["text"]
 

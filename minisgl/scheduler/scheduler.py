@@ -65,8 +65,8 @@ class TokenOutput:
     cached_tokens: int  # prompt tokens the request reused from the prefix cache
     error: str | None = None  # finish_reason "error": what went wrong with this request (token_id is -1)
     logprob: TokenLogprob | None = None  # a sampled token's, where the request asks for them
-    # With a request's first output token, where it asks for them: its prompt tokens' from the second on
-    prompt_logprobs: list[TokenLogprob] | None = None
+    # With a request's first output token, where it asks for them: its prompt tokens' (None for the first)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class Scheduler:

@@ -35,7 +35,7 @@ class Sample:
     accepted: bool = False  # the scheduler queued it (only then can it count as aborted)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, where asked for
-    prompt_logprobs: list[TokenLogprob] | None = None  # per prompt token from the second on, where asked for
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (the first: None), where asked for
     cached_tokens: int = 0
     finish_reason: str | None = None
     last_token_at: float | None = None

@@ -123,13 +123,11 @@ class _LogprobShape:
     def entry(self, logprob: float | None, token_id: int) -> list[Any]:
         return [logprob, token_id, self.texts.text_of(token_id) if self.texts is not None else None]
 
-    def tokens(self, token_ids: list[int], logprobs: Sequence[TokenLogprob | None]) -> dict[str, Any]:
-        """``token_logprobs``: an entry per token; ``top_logprobs``: a list of entries per token (None where
-        nothing predicts the token)."""
-        return {
-            "token_logprobs": [self.entry(None if lp is None else lp.logprob, t) for t, lp in zip(token_ids, logprobs)],
-            "top_logprobs": [None if lp is None else [self.entry(v, i) for i, v in lp.top] for lp in logprobs],
-        }
+    def tokens(self, token_ids: list[int], logprobs: Sequence[TokenLogprob | None]) -> tuple[list[Any], list[Any]]:
+        """An entry per token, and a list of entries per token (None where nothing predicts the token)."""
+        entries = [self.entry(None if lp is None else lp.logprob, t) for t, lp in zip(token_ids, logprobs)]
+        tops = [None if lp is None else [self.entry(v, i) for i, v in lp.top] for lp in logprobs]
+        return entries, tops
 
 
 def _result(s: Sample, shape: _LogprobShape) -> dict[str, Any]:
@@ -143,12 +141,12 @@ def _result(s: Sample, shape: _LogprobShape) -> dict[str, Any]:
         "finish_reason": None if s.finish_reason is None else {"type": s.finish_reason},
     }
     if s.params.logprobs is not None:
-        output = shape.tokens(s.output_ids, s.logprobs)
-        meta["output_token_logprobs"], meta["output_top_logprobs"] = output["token_logprobs"], output["top_logprobs"]
+        meta["output_token_logprobs"], meta["output_top_logprobs"] = shape.tokens(s.output_ids, s.logprobs)
     if s.prompt_logprobs is not None:
-        scores: list[TokenLogprob | None] = [None, *s.prompt_logprobs]
-        prompt = shape.tokens(s.prompt_ids[shape.start :], scores[shape.start :])
-        meta["input_token_logprobs"], meta["input_top_logprobs"] = prompt["token_logprobs"], prompt["top_logprobs"]
+        start = shape.start
+        meta["input_token_logprobs"], meta["input_top_logprobs"] = shape.tokens(
+            s.prompt_ids[start:], s.prompt_logprobs[start:]
+        )
     return {"text": s.text, "output_ids": s.output_ids, "meta_info": meta}
 
 

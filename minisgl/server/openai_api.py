@@ -276,9 +276,9 @@ class _Meta:
 
 
 def _prompt_logprobs(sample: Sample) -> list[TokenLogprob | None]:
-    """Its prompt tokens' log-probabilities, None for the first: what an echoed prompt lists."""
+    """Its prompt tokens' log-probabilities (None for the first): what an echoed prompt lists."""
     assert sample.prompt_logprobs is not None, "an echo with logprobs asks for the prompt's"
-    return [None, *sample.prompt_logprobs]
+    return sample.prompt_logprobs
 
 
 def _usage(gen: Generation) -> dict[str, Any]:

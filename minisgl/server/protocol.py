@@ -73,8 +73,8 @@ class Token(msgspec.Struct, array_like=True):
     cached_tokens: int  # prompt tokens reused from the prefix cache (known once admitted)
     error: str | None = None  # finish_reason "error": what failed in this request (token_id is -1)
     logprob: TokenLogprob | None = None  # where the request asks for log-probabilities (``SamplingParams.logprobs``)
-    # With its first token, where the request asks for them: its prompt tokens' from the second on
-    prompt_logprobs: list[TokenLogprob] | None = None
+    # With its first token, where the request asks for them: its prompt tokens' (None for the first)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class Rejection(msgspec.Struct, array_like=True):
