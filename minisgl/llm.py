@@ -76,14 +76,23 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[dict[str, Any]]:
         """Like ``generate``, with each conversation rendered by the model's chat template (with
-        ``tools``, OpenAI's function definitions, if given; parse calls with ``parse_tool_calls``)."""
-        prompts: list[Prompt] = [self.apply_chat_template(conv, tools) for conv in conversations]
+        ``tools``, OpenAI's function definitions, if given; parse calls with ``parse_tool_calls``), and
+        ``chat_template_kwargs`` as more variables for it (Qwen3's ``enable_thinking``)."""
+        prompts: list[Prompt] = [
+            self.apply_chat_template(conv, tools, chat_template_kwargs) for conv in conversations
+        ]
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def apply_chat_template(self, conversation: Sequence[Message], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        return render_chat(self.tokenizer, conversation, parse_tools(tools or []))
+    def apply_chat_template(
+        self,
+        conversation: Sequence[Message],
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        return render_chat(self.tokenizer, conversation, parse_tools(tools or []), chat_template_kwargs)
 
     def _result(self, req: Req) -> dict[str, Any]:
         return {

@@ -331,7 +331,8 @@ string_lists = st.one_of(
 )
 content_parts = st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": strings}))
 message = st.fixed_dictionaries(
-    {"role": st.sampled_from(["user", "system", "assistant", "tool", "robot"]), "content": strings | content_parts}
+    {"role": st.sampled_from(["user", "system", "assistant", "tool", "robot"]), "content": strings | content_parts},
+    optional={"reasoning_content": strings},
 )
 # What each field is fuzzed with: values of its own type, extreme ones included (and, now and then, anything).
 FIELDS: dict[str, st.SearchStrategy[Any]] = {
@@ -349,6 +350,9 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
     "logit_bias": st.dictionaries(strings, numbers, max_size=3),
     "tools": st.lists(json_values, max_size=3),
+    "chat_template_kwargs": st.dictionaries(
+        strings | st.sampled_from(["tokenize", "chat_template", "messages", "enable_thinking"]), json_values, max_size=3
+    ),
     "unknown": json_values,
 }
 SAMPLING_FIELDS = ["temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos"]
@@ -357,7 +361,7 @@ OPENAI_FIELDS = [*SAMPLING_FIELDS, "model", "stream", "stream_options", "max_tok
 BASES: dict[str, tuple[dict[str, Any], list[str]]] = {
     CHAT: (
         {"messages": HI, "max_tokens": 4},
-        [*OPENAI_FIELDS, "messages", "max_completion_tokens", "tools", "top_logprobs"],
+        [*OPENAI_FIELDS, "messages", "max_completion_tokens", "tools", "top_logprobs", "chat_template_kwargs"],
     ),
     COMPLETIONS: ({"prompt": "w3 w4", "max_tokens": 4}, [*OPENAI_FIELDS, "prompt", "echo", "suffix", "best_of"]),
     GENERATE: (

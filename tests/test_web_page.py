@@ -10,6 +10,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,7 +18,7 @@ import pytest
 import torch
 from test_radix_cache import tree_state
 from test_server import API_KEY, AUTH, Server, start_server, stop_server
-from tiny_models import build_tiny_model
+from tiny_models import build_thinking_model, build_tiny_model
 from transformers import AutoTokenizer
 
 from minisgl.kvcache.naive_cache import NaivePrefixCache
@@ -396,3 +397,23 @@ def test_a_10000_node_tree_draws_fast(browser: Any, server: Server) -> None:
     assert by_id(browser, "tree-summary").text.startswith("10000 nodes in the cache, 10000 sent")
     assert browser.execute_script("return cacheView.rects.length") > 1  # zoomed into node 1's subtree
     assert console_errors(browser) == []
+
+
+def test_a_thinking_models_reasoning_shows_above_its_answer(browser: Any, tmp_path: Path) -> None:
+    ask = "w10 w11 w12 w13"
+    build_thinking_model(tmp_path / "thinking", [{"role": "user", "content": ask}], 3, 8)
+    srv = start_server(tmp_path, "--model", str(tmp_path / "thinking"))
+    try:
+        open_page(browser, srv)
+        answer, meta = send(browser, ask)
+        assert "8 generated" in meta, meta
+        message = greedy_chat(srv, [{"role": "user", "content": ask}])["choices"][0]["message"]
+        assert answer == message["content"] and message["reasoning_content"]
+        thought = browser.find_elements("css selector", ".message.assistant .thought")[-1]
+        assert thought.get_attribute("open") is None  # folded once the answer came
+        thought.find_element("css selector", "summary").click()
+        assert thought.find_element("css selector", "div").text == message["reasoning_content"]
+        assert len(message["reasoning_content"].split()) == 3
+        assert console_errors(browser) == []
+    finally:
+        assert stop_server(srv) == 0, srv.log.read_text()[-3000:]

@@ -78,8 +78,10 @@ CONFIGS = {
 }
 
 
-def _word_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {"<s>": 0, "</s>": 1, "<unk>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+def _word_tokenizer(names: dict[int, str] | None = None) -> PreTrainedTokenizerFast:
+    """Words "w3" .. "w511", but where ``names`` spells an id otherwise."""
+    words = {i: f"w{i}" for i in range(3, VOCAB)} | (names or {})
+    vocab = {"<s>": 0, "</s>": 1, "<unk>": 2, **{word: i for i, word in words.items()}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
@@ -109,3 +111,41 @@ def build_tiny_model(kind: str, folder: Path, seed: int = 0, **overrides: object
     model.save_pretrained(folder)
     _word_tokenizer().save_pretrained(folder)
     return folder
+
+
+def name_words(folder: Path, names: dict[int, str], chat_template: str) -> None:
+    """Respells the tokenizer of a ``build_tiny_model`` folder (``names``: id -> word) and gives it
+    ``chat_template``; the model is unchanged, so are its outputs' ids."""
+    tokenizer = _word_tokenizer(names)
+    tokenizer.chat_template = chat_template
+    tokenizer.save_pretrained(folder)
+
+
+# Qwen3's rule in a word-level template: the prompt opens the reasoning block, or (enable_thinking false)
+# holds an empty one; the answer then starts inside the block (DeepSeek-R1's templates open it so too).
+THINK_TEMPLATE = (
+    "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think> </think> {% else %}<think> {% endif %}"
+    "{% endif %}"
+)
+THINK_OPEN_ID = 3  # "w3" respelled "<think>"
+
+
+def build_thinking_model(
+    folder: Path, messages: list[dict[str, str]], thought_tokens: int, max_tokens: int
+) -> list[int]:
+    """A tiny llama (THINK_TEMPLATE) whose greedy answer to ``messages`` closes its reasoning after
+    ``thought_tokens`` tokens: the vocabulary spells the id its answer has there "</think>". Returns the
+    answer's ids (``max_tokens`` of them)."""
+    from minisgl import LLM, SamplingParams
+
+    build_tiny_model("llama", folder)
+    name_words(folder, {THINK_OPEN_ID: "<think>"}, THINK_TEMPLATE)
+    llm = LLM(str(folder), quantization="none")
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    ids: list[int] = llm.generate([llm.apply_chat_template(messages)], params, use_tqdm=False)[0]["token_ids"]
+    llm.shutdown()
+    close = ids[thought_tokens]
+    assert close not in ids[:thought_tokens] and THINK_OPEN_ID not in ids, "pick other messages for this seed"
+    name_words(folder, {THINK_OPEN_ID: "<think>", close: "</think>"}, THINK_TEMPLATE)
+    return ids

@@ -171,8 +171,13 @@ def _for_plain_template(message: dict[str, Any]) -> dict[str, Any]:
         return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
     if message.get("tool_calls"):
         calls = "\n".join(_call_text(c) for c in message["tool_calls"])
-        return {"role": message["role"], "content": f"{content}\n{calls}" if content else calls}
-    return {"role": message["role"], "content": content}
+        content = f"{content}\n{calls}" if content else calls
+    return {**_reasoning_of(message), "role": message["role"], "content": content}
+
+
+def _reasoning_of(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant turn's ``reasoning_content``, kept for templates that render it (Qwen3's)."""
+    return {"reasoning_content": message["reasoning_content"]} if "reasoning_content" in message else {}
 
 
 # -- the output --------------------------------------------------------------------------------
@@ -193,7 +198,7 @@ class ToolCallParser:
         while True:
             start = self._buffer.find(CALL_START)
             if start < 0:
-                keep = _partial_tag_len(self._buffer, CALL_START)
+                keep = partial_tag_len(self._buffer, CALL_START)
                 content += self._buffer[: len(self._buffer) - keep]
                 self._buffer = self._buffer[len(self._buffer) - keep :]
                 break
@@ -246,7 +251,7 @@ def parse_tool_calls(text: str, tool_names: set[str]) -> tuple[str | None, list[
     return content.strip() or None, parser.calls
 
 
-def _partial_tag_len(text: str, tag: str) -> int:
+def partial_tag_len(text: str, tag: str) -> int:
     """Length of the longest tail of ``text`` that is a proper prefix of ``tag``."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):

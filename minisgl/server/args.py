@@ -36,6 +36,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="decode tokens wait up to this long to stream with the next ones (a request's first and last "
         "tokens never wait); 0 streams every token as it comes",
     )  # fmt: skip
+    g.add_argument(
+        "--reasoning-parser", default="auto", choices=["auto", "none"],
+        help="auto: a thinking model's reasoning (between <think> and </think>, where its vocabulary has both "
+        "tags) goes to a chat answer's reasoning_content, the rest to its content; none: all of it to content",
+    )  # fmt: skip
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
 
 

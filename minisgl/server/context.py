@@ -14,6 +14,7 @@ from minisgl.server.errors import ApiError
 from minisgl.server.generation import Generation, sample_params
 from minisgl.server.metrics import ServerMetrics
 from minisgl.server.schemas import read_body
+from minisgl.text.reasoning import ThinkTags, think_tags
 from minisgl.text.token_bytes import TokenBytes
 
 
@@ -25,11 +26,17 @@ class ServerContext:
     model_name: str
     api_key: str | None
     max_body_bytes: int
+    separate_reasoning: bool  # ``--reasoning-parser auto``
 
     @cached_property
     def token_bytes(self) -> TokenBytes:
         """Each token's bytes and text, for responses with log-probabilities."""
         return TokenBytes(self.tokenizer)
+
+    @cached_property
+    def think_tags(self) -> ThinkTags | None:
+        """The model's reasoning tags, where chat answers' reasoning is separated (None: it is not)."""
+        return think_tags(self.tokenizer) if self.separate_reasoning else None
 
     @property
     def context_len(self) -> int:

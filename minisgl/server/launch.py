@@ -100,6 +100,7 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
                 model_name=args.served_model_name or model_name(args.model),
                 api_key=api_key,
                 max_body_bytes=args.max_body_bytes,
+                separate_reasoning=args.reasoning_parser == "auto",
             )
             app = create_app(ctx, f"http://{args.host}:{args.port}")
             http_config = uvicorn.Config(

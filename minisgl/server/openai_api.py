@@ -22,6 +22,7 @@ from minisgl.constrained.tool_calls import (
     tool_choice_name,
 )
 from minisgl.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
+from minisgl.server.chat_output import ChatOutput
 from minisgl.server.context import ServerContext, wait_for_disconnect
 from minisgl.server.engine_client import EngineDead
 from minisgl.server.errors import ApiError
@@ -38,8 +39,7 @@ from minisgl.server.schemas import (
     stop_list,
 )
 from minisgl.server.streaming import SSE_DONE, GenerationStream, sse
-from minisgl.server.tool_output import ChatToolCalls
-from minisgl.text.chat import render_chat
+from minisgl.text.chat import TemplateVariableError, render_chat
 
 DEFAULT_MAX_TOKENS = 256  # when the client sets none: up to this many, never past the context
 MAX_N = 4
@@ -59,18 +59,19 @@ def openai_router(ctx: ServerContext) -> APIRouter:
         _check_common(ctx, body)
         tools, choice = _tools(body)
         offered = tools if choice != "none" else []
-        prompts = [chat_prompt_ids(ctx.tokenizer, body.messages, offered)]
+        prompts = [chat_prompt_ids(ctx.tokenizer, body.messages, offered, body.chat_template_kwargs)]
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         top_logprobs = _chat_top_logprobs(body)
         params = _params(ctx, body, prompts, max_tokens, top_logprobs, _forced_call(tools, choice))
         meta = _Meta("chatcmpl", "chat.completion", ctx.model_name)
         logprobs = ChatLogprobs(ctx.token_bytes) if top_logprobs is not None else None
+        # An output a grammar constrains is all answer: the grammar holds from its first token.
+        free = params.json_schema is None and params.ebnf is None
+        thinking = ctx.think_tags.opened_by(prompts[0]) if ctx.think_tags is not None and free else None
+        output = ChatOutput(offered, thinking)
         with _request_fields():
             gen = ctx.generation(prompts, params, body.n or 1, body.cache_salt)
-            if offered:
-                calls = ChatToolCalls(offered)
-                return await _respond(request, gen, body, meta, calls.choice, calls.chunk, logprobs, None)
-            return await _respond(request, gen, body, meta, _chat_choice, _chat_chunk, logprobs, None)
+            return await _respond(request, gen, body, meta, output.choice, output.chunk, logprobs, None)
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -92,10 +93,14 @@ def openai_router(ctx: ServerContext) -> APIRouter:
 
 # -- prompts -----------------------------------------------------------------------------------
 def chat_prompt_ids(
-    tokenizer: PreTrainedTokenizerBase, messages: list[ChatMessage], tools: list[Tool] | None = None
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[ChatMessage],
+    tools: list[Tool] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """The messages checked, then rendered by ``render_chat`` like every other front end (with
-    ``tools``, and calls and results in the history, as ``prepare_conversation`` explains)."""
+    ``tools``, and calls and results in the history, as ``prepare_conversation`` explains, and the
+    request's ``chat_template_kwargs``)."""
     if not messages:
         raise ApiError(400, "messages must be a non-empty list", param="messages")
     conversation = []
@@ -115,11 +120,18 @@ def chat_prompt_ids(
             if m.role != "assistant":
                 raise ApiError(400, "only assistant messages carry tool_calls", param=f"messages[{i}].tool_calls")
             message["tool_calls"] = _checked_calls(m.tool_calls, f"messages[{i}].tool_calls")
+        if m.reasoning_content is not None:
+            if m.role != "assistant":
+                where = f"messages[{i}].reasoning_content"
+                raise ApiError(400, "only assistant messages carry reasoning_content", param=where)
+            message["reasoning_content"] = m.reasoning_content
         if m.tool_call_id is not None:
             message["tool_call_id"] = m.tool_call_id
         conversation.append(message)
     try:
-        return render_chat(tokenizer, conversation, tools or [])
+        return render_chat(tokenizer, conversation, tools or [], template_kwargs)
+    except TemplateVariableError as e:
+        raise ApiError(400, str(e), param="chat_template_kwargs") from None
     except ValueError as e:  # e.g. a template that rejects this order of roles, or bad call arguments
         raise ApiError(400, str(e), param="messages") from None
 
@@ -291,19 +303,8 @@ def _usage(gen: Generation) -> dict[str, Any]:
     }
 
 
-def _chat_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-    message = {"role": "assistant", "content": text}
-    return {"index": index, "message": message, "finish_reason": finish_reason, "logprobs": None}
-
-
 def _completion_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
     return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None}
-
-
-def _chat_chunk(index: int, text: str | None, finish_reason: str | None) -> dict[str, Any]:
-    # text None: the opening chunk that announces the role.
-    delta = {"role": "assistant", "content": ""} if text is None else ({"content": text} if text else {})
-    return {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
 
 
 def _completion_chunk(index: int, text: str | None, finish_reason: str | None) -> dict[str, Any] | None:

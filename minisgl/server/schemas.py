@@ -42,6 +42,7 @@ class ChatMessage(msgspec.Struct, kw_only=True):
     tool_calls: list[dict[str, Any]] | None = None  # an assistant turn that called tools
     tool_call_id: str | None = None  # a tool turn: the call it answers
     name: str | None = None
+    reasoning_content: str | None = None  # an assistant turn's reasoning, for templates that render it
 
 
 class JsonSchemaFormat(msgspec.Struct, kw_only=True):
@@ -96,6 +97,7 @@ class ChatCompletionRequest(OpenAISampling, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None  # a forced call is one call; in "auto" the model may make several
+    chat_template_kwargs: dict[str, Any] | None = None  # more variables for the chat template (enable_thinking)
 
 
 class CompletionRequest(OpenAISampling, kw_only=True):

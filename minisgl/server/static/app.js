@@ -117,6 +117,20 @@ function addBubble(role, text) {
   return { message, bubble, meta };
 }
 
+// A thinking model's reasoning (the stream's reasoning_content), shown above its answer's bubble, folded
+// once the answer is done.
+function addThought(view) {
+  const thought = document.createElement("details");
+  thought.className = "thought";
+  thought.open = true;
+  const summary = document.createElement("summary");
+  summary.textContent = "Thinking";
+  const body = document.createElement("div");
+  thought.append(summary, body);
+  view.message.insertBefore(thought, view.bubble);
+  return { thought, body };
+}
+
 function numberSetting(id) {
   const raw = $(id).value.trim();
   return raw === "" ? undefined : Number(raw);
@@ -169,7 +183,7 @@ async function answer() {
   chat.controller = new AbortController();
   setBusy(true);
   const startMs = performance.now();
-  let text = "", usage = null, finish = "stopped", firstMs = null, lastMs = null;
+  let text = "", reasoning = "", thought = null, usage = null, finish = "stopped", firstMs = null, lastMs = null;
   try {
     const response = await api("/v1/chat/completions", {
       method: "POST",
@@ -182,9 +196,16 @@ async function answer() {
       if (event.error) throw new Error(event.error.message);
       if (event.usage) usage = event.usage;
       for (const choice of event.choices) {
+        if (choice.delta.reasoning_content) {
+          thought ??= addThought(view);
+          reasoning += choice.delta.reasoning_content;
+          thought.body.textContent = reasoning; // never innerHTML: the text is the model's
+        }
         if (choice.delta.content) {
           text += choice.delta.content;
           view.bubble.textContent = text;
+        }
+        if (choice.delta.reasoning_content || choice.delta.content) {
           lastMs = performance.now();
           firstMs ??= lastMs;
         }
@@ -197,6 +218,7 @@ async function answer() {
     view.message.classList.add("failed");
   } finally {
     view.message.classList.remove("streaming");
+    if (thought && text) thought.thought.open = false;
     view.meta.textContent = describeAnswer(usage, finish, firstMs, lastMs, startMs);
     conversation.push({ role: "assistant", content: text });
     chat.controller = null;
