@@ -202,6 +202,9 @@ def test_enable_thinking_false_leaves_no_reasoning(server: Server, thinking_mode
     message = response.json()["choices"][0]["message"]
     assert message["reasoning_content"] is None
     assert message["content"] == raw_answer(server, thinking_model[0], enable_thinking=False)
+    tokens = server.post("/tokenize", json={"messages": ASK, "chat_template_kwargs": {"enable_thinking": False}})
+    closed = render_chat(AutoTokenizer.from_pretrained(thinking_model[0]), ASK, template_kwargs={"enable_thinking": False})
+    assert tokens.json()["tokens"] == closed and closed[-1] == thinking_model[1][THOUGHT_TOKENS]
 
 
 def test_a_constrained_answer_is_all_content(tmp_path: Path) -> None:

@@ -88,7 +88,7 @@ def native_router(ctx: ServerContext) -> APIRouter:
     @router.post("/tokenize")
     async def tokenize(request: Request) -> Response:
         """The ids a prompt is given to the model as: ``prompt`` as ``/v1/completions`` encodes its text,
-        ``messages`` (and ``tools``) as ``/v1/chat/completions`` renders them."""
+        ``messages`` (and ``tools``, ``chat_template_kwargs``) as ``/v1/chat/completions`` renders them."""
         body = decode_body(await ctx.body(request), TokenizeRequest)
         ctx.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
@@ -96,7 +96,7 @@ def native_router(ctx: ServerContext) -> APIRouter:
         if body.messages is None:
             ids = ctx.tokenizer.encode(body.prompt)
         else:
-            ids = chat_prompt_ids(ctx.tokenizer, body.messages, checked_tools(body.tools))
+            ids = chat_prompt_ids(ctx.tokenizer, body.messages, checked_tools(body.tools), body.chat_template_kwargs)
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": ctx.context_len})
 
     @router.post("/detokenize")

@@ -150,12 +150,14 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
-    """``/tokenize`` (vLLM's shape): ``prompt`` text, or chat ``messages`` (with the ``tools`` offered)."""
+    """``/tokenize`` (vLLM's shape): ``prompt`` text, or chat ``messages`` (with the ``tools`` offered and the
+    ``chat_template_kwargs``)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: Messages | None = None
     tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):
