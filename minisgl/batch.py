@@ -18,7 +18,7 @@ import torch
 from minisgl.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from minisgl.constrained.matcher import GrammarMatcher
+    from minisgl.constrained.matcher import Grammar
 
 
 class AttentionKind(Enum):
@@ -35,7 +35,7 @@ class SamplingRows:
 
     params: list[SamplingParams] = field(default_factory=list)
     generators: list[torch.Generator | None] = field(default_factory=list)
-    grammars: list[GrammarMatcher | None] = field(default_factory=list)  # constrained rows' matchers
+    grammars: list[Grammar | None] = field(default_factory=list)  # constrained rows' matchers
     # A penalized row's request's output before the token it samples (its draft's tokens before it included);
     # None for the other rows (``SamplingParams.penalized``).
     outputs: list[list[int] | None] = field(default_factory=list)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minisgl.constrained.compiler import PendingGrammar
-from minisgl.constrained.matcher import GrammarMatcher
+from minisgl.constrained.matcher import Grammar
 from minisgl.kvcache.base import CacheHandle
 from minisgl.sampling import RequestRejected, SamplingParams, TokenLogprob
 from minisgl.text.detokenizer import IncrementalDetokenizer
@@ -28,7 +28,7 @@ class Req:
     params: SamplingParams
     namespace: str | None = None  # cache_salt: requests only share cache entries within one namespace
     prompt_len: int = field(init=False)
-    grammar: GrammarMatcher | None = None  # what the output must match, advanced token by token
+    grammar: Grammar | None = None  # what the output must match, advanced token by token
     pending_grammar: PendingGrammar | None = None  # compiling off the loop: not admitted until it is done
     row: int = -1  # page-table row while admitted
     handle: CacheHandle | None = None

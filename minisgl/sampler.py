@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minisgl.batch import SamplingRows, ScoringRows
-from minisgl.constrained.matcher import GrammarMatcher, mask_logits
+from minisgl.constrained.matcher import Grammar, mask_logits
 from minisgl.kernels.native import CpuKernels
 from minisgl.sampling import SamplingParams, TokenLogprob
 
@@ -157,7 +157,7 @@ def _adjust_rows(logits: torch.Tensor, rows: SamplingRows) -> dict[int, str]:
     return errors
 
 
-def _mask_grammar_rows(logits: torch.Tensor, grammars: list[GrammarMatcher | None]) -> dict[int, str]:
+def _mask_grammar_rows(logits: torch.Tensor, grammars: list[Grammar | None]) -> dict[int, str]:
     """Mask every grammar row at once; if that fails, row by row, to find the requests whose grammar
     failed (returned: row -> why) while the others are masked as usual."""
     try:

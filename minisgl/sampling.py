@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from minisgl.constrained.spec import GrammarSpec, schema_text
+from minisgl.constrained.spec import GrammarSpec, ThinkTags, schema_text
 
 # Below this temperature a request is greedy (as in vLLM and SGLang): dividing logits by a tinier
 # one overflows float32 and gives NaN probabilities.
@@ -87,6 +87,8 @@ class SamplingParams:
     json_schema: str | dict[str, Any] | None = None
     regex: str | None = None
     ebnf: str | None = None
+    # A thinking model's tags: its grammar, if any, holds only after the reasoning block (``GrammarAfterThought``).
+    think_tags: ThinkTags | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -157,6 +159,9 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS):
                 raise _invalid(name, f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}], got {value!r}")
+        tags = self.think_tags
+        if tags is not None and not all(_is_int(t) and 0 <= t < vocab_size for t in (tags.open_id, tags.close_id)):
+            raise _invalid("think_tags", f"think_tags must be token ids in [0, {vocab_size}), got {tags!r}")
         if self.seed is not None and (not _is_int(self.seed) or not MIN_SEED <= self.seed <= MAX_SEED):
             raise _invalid("seed", f"seed must be an integer in [{MIN_SEED}, {MAX_SEED}], got {self.seed!r}")
         try:

@@ -17,13 +17,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_server import AUTH, REQUEST_TIMEOUT_S, Server, start_server, stop_server
 from tiny_models import THINK_OPEN_ID, THINK_TEMPLATE, build_thinking_model, build_tiny_model, name_words
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from minisgl.constrained.compiler import GrammarCompiler
+from minisgl.constrained.matcher import Grammar, GrammarAfterThought
+from minisgl.constrained.spec import GrammarSpec, ThinkTags
 from minisgl.constrained.tool_calls import parse_tools
 from minisgl.models.source import load_tokenizer
 from minisgl.server.chat_output import ChatOutput
 from minisgl.text.chat import TemplateVariableError, render_chat
-from minisgl.text.reasoning import CLOSE, OPEN, ReasoningParser, ThinkTags, split_reasoning, think_tags
+from minisgl.text.reasoning import CLOSE, OPEN, ReasoningParser, split_reasoning, think_tags
 
 ASK = [{"role": "user", "content": "w10 w11 w12 w13"}]
 THOUGHT_TOKENS = 3  # the greedy answer's tokens before its </think>
@@ -207,26 +210,68 @@ def test_enable_thinking_false_leaves_no_reasoning(server: Server, thinking_mode
     assert tokens.json()["tokens"] == closed and closed[-1] == thinking_model[1][THOUGHT_TOKENS]
 
 
-def test_a_constrained_answer_is_all_content(tmp_path: Path) -> None:
-    """A grammar holds from an answer's first token: even where the prompt opened the block, a schema's JSON is
-    the content. The default model's byte-level vocabulary (which JSON needs) with the tags added."""
+def thinking_vocabulary() -> PreTrainedTokenizerBase:
+    """The default model's byte-level vocabulary (which JSON needs), with the tags added."""
     tokenizer = load_tokenizer(None)
     tokenizer.add_tokens([OPEN, CLOSE])
+    return tokenizer
+
+
+def test_a_grammar_holds_after_the_reasoning_block() -> None:
+    tokenizer = thinking_vocabulary()
+    tags = think_tags(tokenizer)
+    assert tags is not None
+    schema = GrammarSpec("json_schema", '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}')
+    compiler = GrammarCompiler(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    brace, word = tokenizer.encode("{", add_special_tokens=False)[0], tokenizer.encode("hello", add_special_tokens=False)[0]
+
+    def allowed(grammar: Grammar, token: int) -> bool:
+        return bool(grammar.next_token_mask()[0, token // 32] >> (token % 32) & 1)
+
+    try:
+        grammar = GrammarAfterThought(compiler.matcher(schema), tags, opened=False)
+        assert allowed(grammar, tags.open_id) and allowed(grammar, brace) and not allowed(grammar, word)
+        assert grammar.advance(tags.open_id, tokenizer, 0) == []  # the answer reasons first
+        assert allowed(grammar, word) and allowed(grammar, tags.close_id) and allowed(grammar, tokenizer.eos_token_id)
+        grammar.advance(word, tokenizer, 0)
+        grammar.advance(tags.close_id, tokenizer, 0)
+        assert allowed(grammar, brace) and not allowed(grammar, word) and not allowed(grammar, tags.open_id)
+        for token in tokenizer.encode('{"a": 1}', add_special_tokens=False):
+            assert not grammar.is_terminated
+            grammar.advance(token, tokenizer, 0)
+        grammar.advance(tokenizer.eos_token_id, tokenizer, 0)
+        assert grammar.is_terminated
+
+        direct = GrammarAfterThought(compiler.matcher(schema), tags, opened=False)
+        direct.advance(brace, tokenizer, 0)  # no <think> first: held to the grammar from the first token
+        assert not allowed(direct, tags.open_id) and not allowed(direct, word)
+        opened = GrammarAfterThought(compiler.matcher(schema), tags, opened=True)
+        assert allowed(opened, word) and not opened.is_terminated  # the prompt opened the block
+    finally:
+        compiler.shutdown()
+
+
+def test_a_constrained_answer_reasons_first(tmp_path: Path) -> None:
+    """Where the prompt opened the block, a schema's answer thinks as a free one does, then writes its JSON:
+    as content once </think> comes (forced here by its bias: the grammar masks it after)."""
+    tokenizer = thinking_vocabulary()
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}<think>\n"
     folder = build_tiny_model("llama", tmp_path / "model", vocab_size=len(tokenizer))
     tokenizer.save_pretrained(folder)
     srv = start_server(tmp_path, "--model", str(folder))
     try:
-        schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-        fields = {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "max_tokens": 40}
-        response = srv.post("/v1/chat/completions", json=fields)
-        assert response.status_code == 200, response.text
-        assert response.json()["choices"][0]["message"]["content"] is None  # free: all reasoning
+        schema = {"type": "object", "properties": {"a": {"type": "integer", "maximum": 9}}, "required": ["a"]}
+        fields = {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "max_tokens": 24}
+        free = srv.post("/v1/chat/completions", json=fields).json()["choices"][0]["message"]
         fields["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema}}
+        thinking = srv.post("/v1/chat/completions", json=fields).json()["choices"][0]["message"]
+        assert thinking["reasoning_content"] == free["reasoning_content"] and free["reasoning_content"]
+        assert thinking["content"] is None and free["content"] is None  # the tiny model never closes the block
+        fields |= {"logit_bias": {str(tokenizer.convert_tokens_to_ids(CLOSE)): 100}, "max_tokens": 64}
         response = srv.post("/v1/chat/completions", json=fields)
         assert response.status_code == 200, response.text
         message = response.json()["choices"][0]["message"]
-        assert "reasoning_content" not in message and isinstance(json.loads(message["content"])["a"], int)
+        assert message["reasoning_content"] is None and isinstance(json.loads(message["content"])["a"], int)
     finally:
         assert stop_server(srv) == 0, srv.log.read_text()[-3000:]
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from enum import Enum
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from minisgl.constrained.backend import xgrammar
+from minisgl.constrained.spec import ThinkTags
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -82,7 +84,70 @@ class GrammarMatcher:
         return self._next_mask
 
 
-def mask_logits(logits: torch.Tensor, matchers: Sequence[GrammarMatcher | None]) -> None:
+class Grammar(Protocol):
+    """What the scheduler and the sampler ask of a request's grammar."""
+
+    vocab_size: int
+
+    def advance(self, token_id: int, tokenizer: PreTrainedTokenizerBase, jump_limit: int) -> list[int]: ...
+
+    @property
+    def is_terminated(self) -> bool: ...
+
+    def next_token_mask(self) -> torch.Tensor: ...
+
+
+class _Stage(Enum):
+    START = "start"  # the answer's first token: the grammar's, or <think> opening the reasoning
+    THINKING = "thinking"  # inside the block: every token allowed
+    ANSWER = "answer"  # after it: the grammar's tokens only
+
+
+class GrammarAfterThought:
+    """The grammar of a thinking model's answer (``SamplingParams.think_tags``): it holds once the reasoning
+    block is closed, as vLLM and SGLang apply a grammar with a reasoning parser. Inside the block every token
+    is allowed; the answer starts there where the prompt opened the block, else its first token is either
+    the grammar's or ``<think>``, so a model that does not reason (or an instruct model whose vocabulary has
+    the tags) is held to the grammar from its first token."""
+
+    def __init__(self, grammar: GrammarMatcher, tags: ThinkTags, opened: bool) -> None:
+        self.grammar, self.tags = grammar, tags
+        self.vocab_size = grammar.vocab_size
+        self._stage = _Stage.THINKING if opened else _Stage.START
+
+    def advance(self, token_id: int, tokenizer: PreTrainedTokenizerBase, jump_limit: int) -> list[int]:
+        """As ``GrammarMatcher.advance``; the token that closes the block starts the grammar, whose forced
+        opening (a schema's ``{"``) may follow at once."""
+        if self._stage is _Stage.ANSWER:
+            return self.grammar.advance(token_id, tokenizer, jump_limit)
+        if self._stage is _Stage.START:
+            if token_id != self.tags.open_id:
+                self._stage = _Stage.ANSWER
+                return self.grammar.advance(token_id, tokenizer, jump_limit)
+            self._stage = _Stage.THINKING
+        elif token_id == self.tags.close_id:
+            self._stage = _Stage.ANSWER
+            forced = self.grammar.jump_forward(tokenizer, jump_limit)
+            self.grammar.next_token_mask()
+            return forced
+        return []
+
+    @property
+    def is_terminated(self) -> bool:
+        return self._stage is _Stage.ANSWER and self.grammar.is_terminated
+
+    def next_token_mask(self) -> torch.Tensor:
+        if self._stage is _Stage.THINKING:
+            return xgrammar().allocate_token_bitmask(1, self.vocab_size)  # every bit set
+        if self._stage is _Stage.ANSWER:
+            return self.grammar.next_token_mask()
+        mask = self.grammar.next_token_mask().clone()
+        word, bit = divmod(self.tags.open_id, 32)
+        mask[0, word] |= torch.tensor(1 << bit, dtype=torch.int64).to(torch.int32)  # bit 31: the sign bit
+        return mask
+
+
+def mask_logits(logits: torch.Tensor, matchers: Sequence[Grammar | None]) -> None:
     """Set to -inf, in place, every token a row's grammar forbids next; rows without one are untouched.
     One bitmask for the batch, from each row's mask (filled off the loop by ``advance``, or here on
     a request's first token), applied in one call."""

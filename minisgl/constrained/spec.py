@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -37,6 +38,24 @@ class GrammarSpec:
         if size > MAX_GRAMMAR_BYTES:
             raise ValueError(f"{kind} is {size} bytes, over the limit of {MAX_GRAMMAR_BYTES} bytes for a grammar")
         return cls(kind, source)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ThinkTags:
+    """A thinking model's ``<think>`` and ``</think>`` tokens: its reasoning lies between them, and a grammar
+    holds only after them (``GrammarAfterThought``)."""
+
+    open_id: int
+    close_id: int
+
+    def opened_by(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether the prompt leaves a reasoning block open: its last tag is ``<think>``."""
+        for token in reversed(prompt_ids):
+            if token == self.close_id:
+                return False
+            if token == self.open_id:
+                return True
+        return False
 
 
 def schema_text(schema: str | dict[str, Any]) -> str:

@@ -26,6 +26,7 @@ from transformers import PreTrainedTokenizerBase
 from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.config import EngineConfig
 from minisgl.constrained.compiler import GrammarCompiler
+from minisgl.constrained.matcher import Grammar, GrammarAfterThought, GrammarMatcher
 from minisgl.constrained.spec import GrammarSpec
 from minisgl.engine.engine import Engine
 from minisgl.engine.runner import LocalRunner, Runner
@@ -156,7 +157,7 @@ class Scheduler:
         try:
             pending = self.grammars.submit(spec)
             if pending.done():
-                req.grammar = pending.matcher()
+                req.grammar = _grammar(req, pending.matcher())
             else:
                 req.pending_grammar = pending
         except ValueError as e:
@@ -168,7 +169,7 @@ class Scheduler:
         pending, req.pending_grammar = req.pending_grammar, None
         if pending is not None:
             try:
-                req.grammar = pending.matcher(block=True)
+                req.grammar = _grammar(req, pending.matcher(block=True))
             except ValueError as e:
                 raise _grammar_rejected(pending.spec, e) from None
 
@@ -361,7 +362,7 @@ class Scheduler:
             self.compiling.remove(req)
             pending, req.pending_grammar = req.pending_grammar, None
             try:
-                req.grammar = pending.matcher()
+                req.grammar = _grammar(req, pending.matcher())
             except ValueError as e:
                 req.rejection = _grammar_rejected(pending.spec, e)
                 req.finish_reason, req.error = "rejected", str(e)
@@ -458,6 +459,13 @@ class Scheduler:
         self.grammars.shutdown()
         self._grammar_steps.shutdown(wait=False, cancel_futures=True)
         self.runner.shutdown()
+
+
+def _grammar(req: Req, matcher: GrammarMatcher) -> Grammar:
+    """The request's grammar: its matcher, held only after the reasoning block where the request names the
+    model's reasoning tags."""
+    tags = req.params.think_tags
+    return matcher if tags is None else GrammarAfterThought(matcher, tags, tags.opened_by(req.token_ids[: req.prompt_len]))
 
 
 def _grammar_rejected(spec: GrammarSpec, error: ValueError) -> RequestRejected:

@@ -13,8 +13,8 @@ from minisgl.text.reasoning import ReasoningParser, split_reasoning
 
 class ChatOutput:
     """The ``choice`` and ``chunk`` builders of one chat request. ``thinking``: None where reasoning is not
-    separated (the server's ``--reasoning-parser none``, a model without the tags, an output a grammar
-    constrains), else whether the prompt opened the reasoning block (``ThinkTags.opened_by``)."""
+    separated (the server's ``--reasoning-parser none``, a model without the tags), else whether the prompt
+    opened the reasoning block (``ThinkTags.opened_by``)."""
 
     def __init__(self, tools: list[Tool], thinking: bool | None) -> None:
         self.names = {t.name for t in tools}

@@ -8,13 +8,14 @@ from functools import cached_property
 from starlette.requests import Request
 from transformers import PreTrainedTokenizerBase
 
+from minisgl.constrained.spec import ThinkTags
 from minisgl.sampling import RequestRejected, SamplingParams
 from minisgl.server.engine_client import EngineClient
 from minisgl.server.errors import ApiError
 from minisgl.server.generation import Generation, sample_params
 from minisgl.server.metrics import ServerMetrics
 from minisgl.server.schemas import read_body
-from minisgl.text.reasoning import ThinkTags, think_tags
+from minisgl.text.reasoning import think_tags
 from minisgl.text.token_bytes import TokenBytes
 
 

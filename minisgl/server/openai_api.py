@@ -63,12 +63,11 @@ def openai_router(ctx: ServerContext) -> APIRouter:
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         top_logprobs = _chat_top_logprobs(body)
         params = _params(ctx, body, prompts, max_tokens, top_logprobs, _forced_call(tools, choice))
+        # A grammar (response_format, a forced call) holds after the reasoning, as vLLM's and SGLang's do.
+        params = replace(params, think_tags=ctx.think_tags)
         meta = _Meta("chatcmpl", "chat.completion", ctx.model_name)
         logprobs = ChatLogprobs(ctx.token_bytes) if top_logprobs is not None else None
-        # An output a grammar constrains is all answer: the grammar holds from its first token.
-        free = params.json_schema is None and params.ebnf is None
-        thinking = ctx.think_tags.opened_by(prompts[0]) if ctx.think_tags is not None and free else None
-        output = ChatOutput(offered, thinking)
+        output = ChatOutput(offered, None if ctx.think_tags is None else ctx.think_tags.opened_by(prompts[0]))
         with _request_fields():
             gen = ctx.generation(prompts, params, body.n or 1, body.cache_salt)
             return await _respond(request, gen, body, meta, output.choice, output.chunk, logprobs, None)

@@ -13,33 +13,15 @@ parsers and Qwen3's own template (when it renders earlier turns) drop it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from enum import Enum
 
 from transformers import PreTrainedTokenizerBase
 
+from minisgl.constrained.spec import ThinkTags
 from minisgl.constrained.tool_calls import partial_tag_len
 
 OPEN = "<think>"
 CLOSE = "</think>"
-
-
-@dataclass(frozen=True)
-class ThinkTags:
-    """The vocabulary's ``<think>`` and ``</think>`` tokens."""
-
-    open_id: int
-    close_id: int
-
-    def opened_by(self, prompt_ids: Sequence[int]) -> bool:
-        """Whether the prompt leaves a reasoning block open: its last tag is ``<think>``."""
-        for token in reversed(prompt_ids):
-            if token == self.close_id:
-                return False
-            if token == self.open_id:
-                return True
-        return False
 
 
 def think_tags(tokenizer: PreTrainedTokenizerBase) -> ThinkTags | None:
