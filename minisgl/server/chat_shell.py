@@ -1,7 +1,8 @@
 """``python -m minisgl chat``: an interactive conversation with the in-process engine.
 
 The whole history is re-sent every turn; the radix cache makes that cheap, and each answer ends
-with how much of the prompt came from the cache.
+with how much of the prompt came from the cache. A thinking model's reasoning (``text/reasoning.py``)
+is shown dimmed before its answer, and the history keeps the answer alone, as a chat client sends it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from dataclasses import dataclass
 from minisgl.llm import LLM
 from minisgl.sampling import SamplingParams
 from minisgl.text.detokenizer import IncrementalDetokenizer
+from minisgl.text.reasoning import ReasoningParser, think_tags
 
+DIM, PLAIN = "\x1b[2m", "\x1b[0m"  # a thinking model's reasoning, dimmed
 HELP = "Commands: /reset forgets the conversation, /exit (or Ctrl-D) quits. Ctrl-C stops an answer."
 
 
@@ -34,18 +37,27 @@ class TurnStats:
         )
 
 
+@dataclass
+class Piece:
+    """New text of an answer: its reasoning's and its content's."""
+
+    reasoning: str
+    content: str
+
+
 class ChatSession:
     def __init__(self, llm: LLM, params: SamplingParams, system: str | None = None) -> None:
         self.llm, self.params, self.system = llm, params, system
         self.history: list[dict[str, str]] = []
         self.last: TurnStats | None = None
+        self.think_tags = think_tags(llm.tokenizer)
         self._rids = itertools.count()
         self.reset()
 
     def reset(self) -> None:
         self.history = [{"role": "system", "content": self.system}] if self.system else []
 
-    def ask(self, text: str) -> Iterator[str]:
+    def ask(self, text: str) -> Iterator[Piece]:
         """Stream the answer to ``text``; afterwards ``last`` holds the turn's stats.
 
         Raises ``ValueError`` (history too long for the context, ...) before anything is queued. If
@@ -53,25 +65,32 @@ class ChatSession:
         """
         conversation = [*self.history, {"role": "user", "content": text}]
         scheduler = self.llm.scheduler
-        req = scheduler.make_request(next(self._rids), self.llm.apply_chat_template(conversation), self.params)
+        prompt = self.llm.apply_chat_template(conversation)
+        req = scheduler.make_request(next(self._rids), prompt, self.params)
         scheduler.add(req)
         detok = IncrementalDetokenizer(self.llm.tokenizer, self.params.stop)
+        parser = None if self.think_tags is None else ReasoningParser(self.think_tags.opened_by(prompt))
+        answer = ""
         start, finished = time.monotonic(), False
         try:
             while not finished:
                 for out in scheduler.step():
                     if out.rid != req.rid:
                         continue
-                    piece = detok.push((out.token_id,))
-                    if out.finish_reason is not None:
-                        piece += detok.finish()
-                        finished = True
-                    if piece:
+                    text = detok.push((out.token_id,))
+                    finished = out.finish_reason is not None
+                    text += detok.finish() if finished else ""
+                    piece = Piece("", text) if parser is None else Piece(*parser.push(text))
+                    if finished and parser is not None:
+                        rest = Piece(*parser.finish())
+                        piece = Piece(piece.reasoning + rest.reasoning, piece.content + rest.content)
+                    answer += piece.content
+                    if piece.reasoning or piece.content:
                         yield piece
         finally:
             if not finished:
                 scheduler.abort(req.rid)
-        self.history = [*conversation, {"role": "assistant", "content": detok.emitted}]
+        self.history = [*conversation, {"role": "assistant", "content": answer}]
         self.last = TurnStats(req.prompt_len, req.cached_prompt_tokens, len(req.output_ids), time.monotonic() - start)
 
 
@@ -87,6 +106,7 @@ def _line_reader() -> Callable[[], str]:
 
 def run_chat(llm: LLM, params: SamplingParams, system: str | None) -> None:
     session = ChatSession(llm, params, system)
+    dim, plain = (DIM, PLAIN) if sys.stdout.isatty() else ("", "")
     read_line = _line_reader()
     print(HELP, flush=True)
     while True:
@@ -104,15 +124,21 @@ def run_chat(llm: LLM, params: SamplingParams, system: str | None) -> None:
             session.reset()
             print("[conversation reset]", flush=True)
             continue
+        thinking = False  # inside the reasoning's dimmed run
         try:
             sys.stdout.write("bot> ")
             for piece in session.ask(line):
-                sys.stdout.write(piece)
+                if piece.reasoning:
+                    sys.stdout.write(("" if thinking else dim) + piece.reasoning)
+                    thinking = True
+                if piece.content:
+                    sys.stdout.write((plain + "\n" if thinking else "") + piece.content)
+                    thinking = False
                 sys.stdout.flush()
         except ValueError as e:
             print(f"[error: {e}; /reset starts over]", flush=True)
             continue
         except KeyboardInterrupt:
-            print("\n[interrupted]", flush=True)
+            print(f"{plain if thinking else ''}\n[interrupted]", flush=True)
             continue
-        print(f"\n{session.last}", flush=True)
+        print(f"{plain if thinking else ''}\n{session.last}", flush=True)
