@@ -260,11 +260,16 @@ def _qtype_of(
 
 
 def _write_bpe(writer: gguf.GGUFWriter, folder: Path, pre: str, vocab_size: int) -> None:
+    """The BPE vocabulary and its added tokens, typed as llama.cpp's converter types them: special ones
+    CONTROL, the others (a thinking model's ``<think>``) USER_DEFINED."""
     tok = json.loads((folder / "tokenizer.json").read_text())
-    vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
+    ids = dict(tok["model"]["vocab"]) | {t["content"]: t["id"] for t in tok["added_tokens"]}
+    vocab = sorted(ids.items(), key=lambda kv: kv[1])
     special = {t["content"] for t in tok["added_tokens"] if t["special"]}
+    user_defined = {t["content"] for t in tok["added_tokens"] if not t["special"]}
     tokens = [t for t, _ in vocab] + [f"[PAD{i}]" for i in range(len(vocab), vocab_size)]
-    types = [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t, _ in vocab]
+    kinds = {**dict.fromkeys(user_defined, gguf.TokenType.USER_DEFINED), **dict.fromkeys(special, gguf.TokenType.CONTROL)}
+    types = [kinds.get(t, gguf.TokenType.NORMAL) for t, _ in vocab]
     types += [gguf.TokenType.UNUSED] * (len(tokens) - len(vocab))
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
     writer.add_tokenizer_model("gpt2")

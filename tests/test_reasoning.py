@@ -13,8 +13,10 @@ from typing import Any
 
 import httpx
 import pytest
+from gguf_writer import write_gguf
 from hypothesis import given
 from hypothesis import strategies as st
+from test_gguf_archs import tiny_with_bpe
 from test_server import AUTH, REQUEST_TIMEOUT_S, Server, start_server, stop_server
 from tiny_models import THINK_OPEN_ID, THINK_TEMPLATE, build_thinking_model, build_tiny_model, name_words
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -274,6 +276,24 @@ def test_a_constrained_answer_reasons_first(tmp_path: Path) -> None:
         assert message["reasoning_content"] is None and isinstance(json.loads(message["content"])["a"], int)
     finally:
         assert stop_server(srv) == 0, srv.log.read_text()[-3000:]
+
+
+def test_a_thinking_gguf_keeps_its_tags_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp writes a thinking model's tags as USER_DEFINED tokens: read in place, they stay single
+    tokens that decode to themselves, so the server finds them and a prompt's tag is seen."""
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tiny_with_bpe("qwen3", tmp_path / "model")
+    template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}<think>\n"
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_tokens([OPEN, CLOSE])
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(folder)
+    path = write_gguf(folder, tmp_path / "thinking.gguf", "qwen2", chat_template=template)
+    converted = load_tokenizer(path)
+    tags = think_tags(converted)
+    assert tags == ThinkTags(*tokenizer.convert_tokens_to_ids([OPEN, CLOSE]))
+    prompt = render_chat(converted, [{"role": "user", "content": "Hello world"}])
+    assert tags.opened_by(prompt) and prompt == render_chat(tokenizer, [{"role": "user", "content": "Hello world"}])
 
 
 @pytest.mark.parametrize(
