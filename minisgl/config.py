@@ -6,6 +6,7 @@ prefix caches and attention backends are checked by their registries when the sc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minisgl.kernels.variants import check_kernel_choice
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
 @dataclass
 class EngineConfig:
     model: str | None = None  # HF folder or GGUF file; None = the default SmolLM2 wheel
+    # A Jinja chat template in place of the model's (a base model's, a GGUF's that lacks or mangles one):
+    # its text, or a file holding it (read here, so the text is what travels to every process)
+    chat_template: str | None = None
     dtype: str = "float32"  # float32 | bfloat16 | float16
     # KV cache: auto = bfloat16 where weights are quantized (exactness is not asked for there), else
     # dtype; or float32 | bfloat16 | float16
@@ -59,6 +63,8 @@ class EngineConfig:
     dist_init_addr: str | None = None  # host:port of node 0's rendezvous (required with nnodes > 1)
 
     def __post_init__(self) -> None:
+        if self.chat_template is not None:
+            self.chat_template = _template_text(self.chat_template)
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.kv_dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -135,3 +141,16 @@ class EngineConfig:
         if self.kv_dtype != "auto":
             return getattr(torch, self.kv_dtype)
         return torch.bfloat16 if quantized else self.torch_dtype
+
+
+def _template_text(template: str) -> str:
+    """A chat template given as a file's path (its text) or as the text itself (Jinja's markers in it)."""
+    path = Path(template)
+    try:
+        if path.is_file():
+            return path.read_text()
+    except (OSError, ValueError):  # a template's text that is no valid path (too long a name, a NUL)
+        pass
+    if "{{" in template or "{%" in template:
+        return template
+    raise ValueError(f"chat_template must be a Jinja template or a file holding one; no file {template!r}")

@@ -26,15 +26,20 @@ def resolve_model_path(model: str | Path | None) -> Path:
     raise ValueError(f"model path {str(model)!r} does not exist (expected a Hugging Face folder or a .gguf file)")
 
 
-def load_tokenizer(model: str | Path | None) -> PreTrainedTokenizerBase:
-    """The tokenizer of ``model`` (as ``resolve_model_path`` takes it). A Hugging Face folder's goes
-    through ``AutoTokenizer``, whose choice of class may differ from the one the folder names."""
+def load_tokenizer(model: str | Path | None, chat_template: str | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``model`` (as ``resolve_model_path`` takes it), with ``chat_template`` (its text) in
+    place of the model's where given. A Hugging Face folder's goes through ``AutoTokenizer``, whose choice
+    of class may differ from the one the folder names."""
     folder = resolve_model_path(model)
     if resolve_gguf_file(model) is not None:
-        return gguf_tokenizer(folder)
-    from transformers import AutoTokenizer
+        tokenizer = gguf_tokenizer(folder)
+    else:
+        from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(folder))
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer
 
 
 def resolve_gguf_file(model: str | Path | None) -> Path | None:

@@ -118,7 +118,7 @@ class Scheduler:
         path = resolve_model_path(config.model)
         # The engine validates config.json before the tokenizer is looked at.
         runner = LocalRunner(Engine(config, path)) if config.tp_size == 1 else TensorParallelRunner(config, path)
-        return cls(runner, config, load_tokenizer(config.model))
+        return cls(runner, config, load_tokenizer(config.model, config.chat_template))
 
     # -- requests ------------------------------------------------------------------------------
     @property

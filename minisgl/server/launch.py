@@ -95,7 +95,7 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
 
             ctx = ServerContext(
                 client=client,
-                tokenizer=load_tokenizer(config.model),
+                tokenizer=load_tokenizer(config.model, config.chat_template),
                 metrics=ServerMetrics(lambda: client.stats),
                 model_name=args.served_model_name or model_name(args.model),
                 api_key=api_key,
