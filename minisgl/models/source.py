@@ -4,6 +4,9 @@ server's front end finds the model and loads the tokenizer without loading the e
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,6 +14,8 @@ from minisgl.models.gguf import default_model_path, gguf_model_folder, gguf_toke
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_model_path(model: str | Path | None) -> Path:
@@ -24,6 +29,34 @@ def resolve_model_path(model: str | Path | None) -> Path:
     if path.is_file():
         return gguf_model_folder(path)
     raise ValueError(f"model path {str(model)!r} does not exist (expected a Hugging Face folder or a .gguf file)")
+
+
+def generation_defaults(model: str | Path | None) -> dict[str, float | int]:
+    """The sampling defaults a Hugging Face folder's ``generation_config.json`` states (Qwen3's temperature
+    0.6, top_p 0.95, top_k 20), of those the engine has: ``temperature``, ``top_p``, ``top_k``, ``min_p``.
+    A value out of its range is left out, with a warning; a GGUF's folder has no such file."""
+    file = resolve_model_path(model) / "generation_config.json"
+    if not file.is_file():
+        return {}
+    config = json.loads(file.read_text())
+    checks = {
+        "temperature": lambda v: isinstance(v, (int, float)) and math.isfinite(v) and v >= 0,
+        "top_p": lambda v: isinstance(v, (int, float)) and 0 < v <= 1,
+        "top_k": lambda v: isinstance(v, int) and (v >= 1 or v == -1),
+        "min_p": lambda v: isinstance(v, (int, float)) and 0 <= v <= 1,
+    }
+    defaults = {}
+    for key, valid in checks.items():
+        value = config.get(key)
+        if key == "top_k" and value == 0:  # transformers' "off"
+            value = -1
+        if value is None:
+            continue
+        if valid(value) and not isinstance(value, bool):
+            defaults[key] = value
+        else:
+            logger.warning("%s: %s = %r is out of its range; left out", file, key, value)
+    return defaults
 
 
 def load_tokenizer(model: str | Path | None, chat_template: str | None = None) -> PreTrainedTokenizerBase:

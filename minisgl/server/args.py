@@ -41,6 +41,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="auto: a thinking model's reasoning (between <think> and </think>, where its vocabulary has both "
         "tags) goes to a chat answer's reasoning_content, the rest to its content; none: all of it to content",
     )  # fmt: skip
+    g.add_argument(
+        "--generation-config", default="auto", choices=["auto", "none"],
+        help="auto: a request that leaves temperature, top_p, top_k or min_p unset gets the model's "
+        "generation_config.json value where it states one (a folder's; a GGUF has none); none: OpenAI's defaults",
+    )  # fmt: skip
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
 
 

@@ -19,6 +19,17 @@ from minisgl.text.reasoning import think_tags
 from minisgl.text.token_bytes import TokenBytes
 
 
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """What a chat or completions request that leaves a sampling field unset gets: OpenAI's defaults, or
+    those of the model's ``generation_config.json`` (``--generation-config auto``, as vLLM's and SGLang's)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+
+
 @dataclass
 class ServerContext:
     client: EngineClient
@@ -28,6 +39,7 @@ class ServerContext:
     api_key: str | None
     max_body_bytes: int
     separate_reasoning: bool  # ``--reasoning-parser auto``
+    sampling_defaults: SamplingDefaults
 
     @cached_property
     def token_bytes(self) -> TokenBytes:

@@ -16,7 +16,7 @@ from types import FrameType
 
 from minisgl.config import EngineConfig
 from minisgl.models.gguf import DEFAULT_FILE
-from minisgl.models.source import load_tokenizer, resolve_model_path
+from minisgl.models.source import generation_defaults, load_tokenizer, resolve_model_path
 from minisgl.server.args import api_key_from
 from minisgl.server.engine_client import EngineClient
 
@@ -73,6 +73,9 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     # cached; it keeps the GGUF file itself as the model, since quantization="auto" reads its blocks.
     path = resolve_model_path(config.model)
     logger.info("model %s -> %s", config.model or DEFAULT_FILE, path)
+    defaults = generation_defaults(config.model) if args.generation_config == "auto" else {}
+    if defaults:
+        logger.info("sampling defaults from the model's generation_config.json: %s", defaults)
 
     def on_engine_death() -> None:
         server.should_exit = True
@@ -90,7 +93,7 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
             import uvicorn
 
             from minisgl.server.app import create_app
-            from minisgl.server.context import ServerContext
+            from minisgl.server.context import SamplingDefaults, ServerContext
             from minisgl.server.metrics import ServerMetrics
 
             ctx = ServerContext(
@@ -101,6 +104,7 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
                 api_key=api_key,
                 max_body_bytes=args.max_body_bytes,
                 separate_reasoning=args.reasoning_parser == "auto",
+                sampling_defaults=SamplingDefaults(**defaults),
             )
             app = create_app(ctx, f"http://{args.host}:{args.port}")
             http_config = uvicorn.Config(

@@ -1,4 +1,5 @@
-"""``/v1/chat/completions`` and ``/v1/completions`` with OpenAI's semantics (temperature defaults to 1)."""
+"""``/v1/chat/completions`` and ``/v1/completions`` with OpenAI's semantics (temperature defaults to 1, or to the
+model's ``generation_config.json`` value: ``SamplingDefaults``)."""
 
 from __future__ import annotations
 
@@ -255,12 +256,13 @@ def _params(
     if schema is not None and forced_call is not None:
         message = "response_format cannot be combined with a tool_choice that forces a call"
         raise ApiError(400, message, param="response_format")
+    defaults = ctx.sampling_defaults
     return SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else ctx.default_max_tokens(prompts, DEFAULT_MAX_TOKENS),
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_k=-1 if body.top_k is None else body.top_k,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        min_p=0.0 if body.min_p is None else body.min_p,
+        temperature=defaults.temperature if body.temperature is None else body.temperature,
+        top_k=defaults.top_k if body.top_k is None else body.top_k,
+        top_p=defaults.top_p if body.top_p is None else body.top_p,
+        min_p=defaults.min_p if body.min_p is None else body.min_p,
         seed=body.seed,
         stop=stop_list(body.stop),
         stop_token_ids=body.stop_token_ids or [],
