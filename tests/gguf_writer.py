@@ -268,7 +268,7 @@ def _write_bpe(writer: gguf.GGUFWriter, folder: Path, pre: str, vocab_size: int)
     special = {t["content"] for t in tok["added_tokens"] if t["special"]}
     user_defined = {t["content"] for t in tok["added_tokens"] if not t["special"]}
     tokens = [t for t, _ in vocab] + [f"[PAD{i}]" for i in range(len(vocab), vocab_size)]
-    kinds = {**dict.fromkeys(user_defined, gguf.TokenType.USER_DEFINED), **dict.fromkeys(special, gguf.TokenType.CONTROL)}
+    kinds = dict.fromkeys(user_defined, gguf.TokenType.USER_DEFINED) | dict.fromkeys(special, gguf.TokenType.CONTROL)
     types = [kinds.get(t, gguf.TokenType.NORMAL) for t, _ in vocab]
     types += [gguf.TokenType.UNUSED] * (len(tokens) - len(vocab))
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]

@@ -56,7 +56,8 @@ def test_a_thinking_models_reasoning_is_dimmed_and_left_out_of_the_history(tmp_p
     ids = build_thinking_model(tmp_path / "thinking", [{"role": "user", "content": ask}], 3, 12)
     words = [f"w{i}" for i in ids if i > 2]  # 0-2 are special: skipped
     env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm"}
-    cmd = ["-m", "minisgl", "chat", "--model", str(tmp_path / "thinking"), "--max-tokens", "12", "--quantization", "none"]
+    model = str(tmp_path / "thinking")
+    cmd = ["-m", "minisgl", "chat", "--model", model, "--max-tokens", "12", "--quantization", "none"]
     shell = pexpect.spawn(sys.executable, cmd, env=env, encoding="utf-8", timeout=TIMEOUT_S, dimensions=(50, 200))
     try:
         shell.expect("you>")

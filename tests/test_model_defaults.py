@@ -87,7 +87,8 @@ def completion(server: Server, **fields: Any) -> str:
 
 
 def test_unset_fields_take_the_models_defaults(server: Server, folder: Path, tmp_path: Path) -> None:
-    assert "sampling defaults from the model's generation_config.json: {'temperature': 0.7, 'top_k': 1}" in server.log.read_text()
+    logged = "sampling defaults from the model's generation_config.json: {'temperature': 0.7, 'top_k': 1}"
+    assert logged in server.log.read_text()
     greedy = completion(server, temperature=0)
     assert completion(server) == greedy  # top_k 1 from the model
     sampled = completion(server, top_k=-1)  # the request's own value wins: temperature 0.7 from the model

@@ -122,7 +122,8 @@ def test_reasoning_then_a_tool_call_whole_and_streamed() -> None:
     message = ChatOutput(tools, False).choice(0, text, "stop")
     assert message["finish_reason"] == "tool_calls"
     assert message["message"]["reasoning_content"] == "which tool?" and message["message"]["content"] is None
-    assert [c["function"] for c in message["message"]["tool_calls"]] == [{"name": "get_time", "arguments": '{"tz": "UTC"}'}]
+    (called,) = message["message"]["tool_calls"]
+    assert called["function"] == {"name": "get_time", "arguments": '{"tz": "UTC"}'}
 
     output = ChatOutput(tools, False)
     chunks = [output.chunk(0, ch, None) for ch in text[:-1]] + [output.chunk(0, text[-1], "stop")]
@@ -208,7 +209,8 @@ def test_enable_thinking_false_leaves_no_reasoning(server: Server, thinking_mode
     assert message["reasoning_content"] is None
     assert message["content"] == raw_answer(server, thinking_model[0], enable_thinking=False)
     tokens = server.post("/tokenize", json={"messages": ASK, "chat_template_kwargs": {"enable_thinking": False}})
-    closed = render_chat(AutoTokenizer.from_pretrained(thinking_model[0]), ASK, template_kwargs={"enable_thinking": False})
+    tokenizer = AutoTokenizer.from_pretrained(thinking_model[0])
+    closed = render_chat(tokenizer, ASK, template_kwargs={"enable_thinking": False})
     assert tokens.json()["tokens"] == closed and closed[-1] == thinking_model[1][THOUGHT_TOKENS]
 
 
@@ -223,9 +225,9 @@ def test_a_grammar_holds_after_the_reasoning_block() -> None:
     tokenizer = thinking_vocabulary()
     tags = think_tags(tokenizer)
     assert tags is not None
-    schema = GrammarSpec("json_schema", '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}')
+    schema = GrammarSpec("json_schema", json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}))
     compiler = GrammarCompiler(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
-    brace, word = tokenizer.encode("{", add_special_tokens=False)[0], tokenizer.encode("hello", add_special_tokens=False)[0]
+    (brace,), (word,) = (tokenizer.encode(text, add_special_tokens=False) for text in ("{", "hello"))
 
     def allowed(grammar: Grammar, token: int) -> bool:
         return bool(grammar.next_token_mask()[0, token // 32] >> (token % 32) & 1)
@@ -313,7 +315,8 @@ def test_bad_fields_are_a_400_naming_them(server: Server, fields: dict[str, Any]
 
 
 def test_an_earlier_turns_reasoning_is_accepted(server: Server) -> None:
-    history = [*ASK, {"role": "assistant", "content": "w20", "reasoning_content": "w21"}, {"role": "user", "content": "w22"}]
+    answer = {"role": "assistant", "content": "w20", "reasoning_content": "w21"}
+    history = [*ASK, answer, {"role": "user", "content": "w22"}]
     assert chat(server, messages=history).status_code == 200
 
 

@@ -830,7 +830,7 @@ def test_a_stop_while_the_http_stack_starts_waits_for_it_then_exits_0(monkeypatc
 
     steps: list[str] = []
 
-    def load_tokenizer(model: str | None) -> None:
+    def load_tokenizer(model: str | None, chat_template: str | None) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         steps.append("tokenizer")
 

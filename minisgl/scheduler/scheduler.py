@@ -465,7 +465,9 @@ def _grammar(req: Req, matcher: GrammarMatcher) -> Grammar:
     """The request's grammar: its matcher, held only after the reasoning block where the request names the
     model's reasoning tags."""
     tags = req.params.think_tags
-    return matcher if tags is None else GrammarAfterThought(matcher, tags, tags.opened_by(req.token_ids[: req.prompt_len]))
+    if tags is None:
+        return matcher
+    return GrammarAfterThought(matcher, tags, tags.opened_by(req.token_ids[: req.prompt_len]))
 
 
 def _grammar_rejected(spec: GrammarSpec, error: ValueError) -> RequestRejected:
