@@ -177,6 +177,7 @@ def write_gguf(
     qtype: gguf.GGMLQuantizationType | dict[str, gguf.GGMLQuantizationType] | None = None,
     spm: SpmVocab | None = None,
     chat_template: str | None = None,
+    sampling: dict[str, float] | None = None,
 ) -> Path:
     """``folder`` (a tiny model saved with a BPE tokenizer) as the GGUF file ``path``; ``metadata``
     overrides keys, ``drop`` leaves GGUF tensors out (both to test files that do not fit); ``qtype``
@@ -185,7 +186,8 @@ def write_gguf(
     (the first key the name contains), a mix like Q4_K_M's. The ``gguf`` package cannot quantize
     to K types: their tensors get random blocks scaled to the weight's spread (``_random_blocks``),
     so such a file is a model of its own, to be compared with its own dequantized values.
-    ``spm``: that vocabulary instead of the folder's BPE tokenizer."""
+    ``spm``: that vocabulary instead of the folder's BPE tokenizer; ``sampling``: ``general.sampling.*``
+    keys (``temp``, ``top_p``, ``top_k``, ``min_p``), as llama.cpp's converter writes a generation config."""
     cfg = json.loads((folder / "config.json").read_text())
     arch = GGUF_ARCH[cfg["architectures"][0]]
     names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), cfg["num_hidden_layers"])
@@ -200,6 +202,8 @@ def write_gguf(
         _write_bpe(writer, folder, pre, cfg["vocab_size"])
     if chat_template is not None:
         writer.add_chat_template(chat_template)
+    for key, value in (sampling or {}).items():
+        getattr(writer, f"add_sampling_{key}")(value)
 
     weights = {}
     for file in sorted(folder.glob("*.safetensors")):

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gguf_writer import write_gguf
+from test_gguf_archs import tiny_with_bpe
 from test_server import Server, start_server, stop_server
 from tiny_models import build_tiny_model
 from transformers import AutoTokenizer
@@ -79,6 +81,14 @@ def test_the_generation_config_states_the_defaults(folder: Path, caplog: pytest.
     assert generation_defaults(None) == {}  # the default model's GGUF has none
 
 
+def test_a_ggufs_sampling_keys_are_its_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tiny_with_bpe("qwen3", tmp_path / "model")
+    path = write_gguf(folder, tmp_path / "m.gguf", "qwen2", sampling={"temp": 0.6, "top_p": 0.95, "top_k": 20})
+    assert generation_defaults(path) == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    assert generation_defaults(write_gguf(folder, tmp_path / "plain.gguf", "qwen2")) == {}
+
+
 def completion(server: Server, **fields: Any) -> str:
     body = {"prompt": "w30 w31 w32", "max_tokens": 8, "seed": 3, **fields}
     response = server.post("/v1/completions", json=body)
@@ -87,7 +97,7 @@ def completion(server: Server, **fields: Any) -> str:
 
 
 def test_unset_fields_take_the_models_defaults(server: Server, folder: Path, tmp_path: Path) -> None:
-    logged = "sampling defaults from the model's generation_config.json: {'temperature': 0.7, 'top_k': 1}"
+    logged = "sampling defaults from the model: {'temperature': 0.7, 'top_k': 1}"
     assert logged in server.log.read_text()
     greedy = completion(server, temperature=0)
     assert completion(server) == greedy  # top_k 1 from the model

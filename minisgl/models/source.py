@@ -33,8 +33,9 @@ def resolve_model_path(model: str | Path | None) -> Path:
 
 def generation_defaults(model: str | Path | None) -> dict[str, float | int]:
     """The sampling defaults a Hugging Face folder's ``generation_config.json`` states (Qwen3's temperature
-    0.6, top_p 0.95, top_k 20), of those the engine has: ``temperature``, ``top_p``, ``top_k``, ``min_p``.
-    A value out of its range is left out, with a warning; a GGUF's folder has no such file."""
+    0.6, top_p 0.95, top_k 20), of those the engine has: ``temperature``, ``top_p``, ``top_k``, ``min_p``;
+    for a GGUF, its ``general.sampling.*`` keys (written into its folder's file). A value out of its range
+    is left out, with a warning."""
     file = resolve_model_path(model) / "generation_config.json"
     if not file.is_file():
         return {}

@@ -43,8 +43,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     g.add_argument(
         "--generation-config", default="auto", choices=["auto", "none"],
-        help="auto: a request that leaves temperature, top_p, top_k or min_p unset gets the model's "
-        "generation_config.json value where it states one (a folder's; a GGUF has none); none: OpenAI's defaults",
+        help="auto: a request that leaves temperature, top_p, top_k or min_p unset gets the model's value where "
+        "it states one (a folder's generation_config.json, a GGUF's general.sampling.* keys); none: OpenAI's defaults",
     )  # fmt: skip
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
 

@@ -22,7 +22,7 @@ from minisgl.text.token_bytes import TokenBytes
 @dataclass(frozen=True)
 class SamplingDefaults:
     """What a chat or completions request that leaves a sampling field unset gets: OpenAI's defaults, or
-    those of the model's ``generation_config.json`` (``--generation-config auto``, as vLLM's and SGLang's)."""
+    the model's own (``generation_defaults``; ``--generation-config auto``, as vLLM's and SGLang's)."""
 
     temperature: float = 1.0
     top_p: float = 1.0

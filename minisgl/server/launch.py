@@ -75,7 +75,7 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     logger.info("model %s -> %s", config.model or DEFAULT_FILE, path)
     defaults = generation_defaults(config.model) if args.generation_config == "auto" else {}
     if defaults:
-        logger.info("sampling defaults from the model's generation_config.json: %s", defaults)
+        logger.info("sampling defaults from the model: %s", defaults)
 
     def on_engine_death() -> None:
         server.should_exit = True

@@ -1,5 +1,5 @@
 """``/v1/chat/completions`` and ``/v1/completions`` with OpenAI's semantics (temperature defaults to 1, or to the
-model's ``generation_config.json`` value: ``SamplingDefaults``)."""
+model's own default: ``SamplingDefaults``)."""
 
 from __future__ import annotations
 
