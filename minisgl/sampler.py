@@ -159,16 +159,20 @@ def _adjust_rows(logits: torch.Tensor, rows: SamplingRows) -> dict[int, str]:
 
 def _mask_grammar_rows(logits: torch.Tensor, grammars: list[Grammar | None]) -> dict[int, str]:
     """Mask every grammar row at once; if that fails, row by row, to find the requests whose grammar
-    failed (returned: row -> why) while the others are masked as usual."""
+    failed (returned: row -> why) while the others are masked as usual. A row left with no token (a
+    vocabulary that cannot write what the grammar needs next) fails too, saying so."""
+    errors: dict[int, str] = {}
     try:
         mask_logits(logits, grammars)
-        return {}
     except Exception:  # noqa: BLE001 - one request's grammar must not fail the batch
-        errors: dict[int, str] = {}
         for i, grammar in enumerate(grammars):
             if grammar is not None:
                 try:
                     mask_logits(logits[i : i + 1], [grammar])
                 except Exception as e:  # noqa: BLE001 - whatever it is, only this row's request fails
                     errors[i] = f"grammar failed: {type(e).__name__}: {e}"
-        return errors
+    masked = [i for i, g in enumerate(grammars) if g is not None and i not in errors]
+    for i, dead in zip(masked, torch.isneginf(logits[masked]).all(dim=-1).tolist()):
+        if dead:
+            errors[i] = "the grammar allows no token of the model's vocabulary here: it cannot write what comes next"
+    return errors

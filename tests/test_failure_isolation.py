@@ -94,6 +94,16 @@ def test_a_failing_grammar_mask_fails_only_its_request(tiny_llm: LLM) -> None:
     assert_idle_balanced(tiny_llm)
 
 
+def test_a_grammar_the_vocabulary_cannot_write_fails_only_its_request_saying_so(tiny_llm: LLM) -> None:
+    # The words w3..w511 start "w5x" but none writes its "x": after w5 the grammar allows no token.
+    normal = tiny_llm.generate([PROMPTS[0]], grammar_params(1), use_tqdm=False)[0]
+    outs = tiny_llm.generate(PROMPTS[:2], [grammar_params(1), SamplingParams(regex="w5x", max_tokens=5)], use_tqdm=False)
+    assert outs[0]["token_ids"] == normal["token_ids"] and outs[0]["meta"]["error"] is None
+    assert outs[1]["meta"]["finish_reason"] == "error" and outs[1]["text"] == "w5"
+    assert "the grammar allows no token of the model's vocabulary here" in outs[1]["meta"]["error"]
+    assert_idle_balanced(tiny_llm)
+
+
 def test_a_token_its_grammar_rejects_fails_only_its_request(tiny_llm: LLM) -> None:
     normal = run_grammar_batch(tiny_llm)
     tiny_llm.flush_cache()
