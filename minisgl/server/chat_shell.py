@@ -77,10 +77,9 @@ class ChatSession:
                 for out in scheduler.step():
                     if out.rid != req.rid:
                         continue
-                    text = detok.push((out.token_id,))
                     finished = out.finish_reason is not None
-                    text += detok.finish() if finished else ""
-                    piece = Piece("", text) if parser is None else Piece(*parser.push(text))
+                    new = detok.push((out.token_id,)) + (detok.finish() if finished else "")
+                    piece = Piece("", new) if parser is None else Piece(*parser.push(new))
                     if finished and parser is not None:
                         rest = Piece(*parser.finish())
                         piece = Piece(piece.reasoning + rest.reasoning, piece.content + rest.content)
