@@ -33,8 +33,8 @@ _FORMAT_VERSION = 3
 _GGUF_MAGIC = b"GGUF"
 
 
-# The sampling defaults llama.cpp's converter writes from a model's generation config (and llama-server
-# applies), under transformers' names.
+# A GGUF's sampling defaults (the ``gguf`` package's ``Keys.General.SAMPLING_*``), under the names a
+# Hugging Face folder's generation config gives them.
 _SAMPLING_KEYS = {
     "general.sampling.temp": "temperature",
     "general.sampling.top_p": "top_p",
