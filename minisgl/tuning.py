@@ -96,9 +96,8 @@ SHORT_LANE_DIVISOR = 4
 # By design; no script re-measures it.
 LPM_MAX_QUEUE = 128
 # The logits a pass keeps for requests that score their prompt (``SamplingParams.prompt_logprobs``: every
-# prompt token's): at most this many values (128 MiB of fp32; their log-softmax as many again), so at most
-# this many over the vocabulary size of such tokens per pass (682 at SmolLM2's 49,152). By design; no script
-# re-measures it.
+# prompt token's): at most this many values (128 MiB of fp32), so at most this many over the vocabulary size
+# of such tokens per pass (682 at SmolLM2's 49,152). By design; no script re-measures it.
 MAX_SCORED_LOGITS = 1 << 25
 # A waiting request that shares at least this many uncached tokens with one being prefilled now
 # waits one round and then reuses that request's KV instead of computing the same prefix again.

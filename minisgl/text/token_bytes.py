@@ -12,6 +12,7 @@ import re
 from functools import cache
 
 from transformers import PreTrainedTokenizerBase
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # sentencepiece's byte fallback
 _SPACE = "\u2581"  # sentencepiece's word boundary: a space
@@ -19,13 +20,8 @@ _SPACE = "\u2581"  # sentencepiece's word boundary: a space
 
 @cache
 def _byte_level_alphabet() -> dict[str, int]:
-    """Byte-level BPE's spelling of bytes (GPT-2's): printable bytes stand for themselves, the others for
-    the characters from U+0100 on, in byte order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    alphabet = {chr(b): b for b in printable}
-    shifted = (b for b in range(256) if b not in printable)
-    alphabet.update({chr(256 + i): b for i, b in enumerate(shifted)})
-    return alphabet
+    """Byte-level BPE's spelling of bytes (GPT-2's, as transformers gives it), read back: character -> byte."""
+    return {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 class TokenBytes:
