@@ -416,6 +416,10 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
     const int64_t groups = K / GROUP, group_bytes = 4 * BITS * TILE;
     const VecI nibble = set1_8(0x0F);
     VecF acc[GEMM_ROWS];
+    // Every loop over the rows unrolled (8: GEMM_ROWS), so that acc[] stays in registers. Left to itself GCC
+    // keeps the group loop's rows a loop, stores acc[] to the stack each group and spills the rows' addresses,
+    // which costs most where the core issues vpdpbusd fastest (docs/benchmarks/session47-amd/unroll_ab.py).
+#pragma GCC unroll 8
     for (int64_t r = 0; r < R; r++) {
         if (g0 == 0) {
             acc[r] = zero_ps();
@@ -456,6 +460,7 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
             s = load_ph(w->scale + g * TILE);
             m = load_ph(w->minimum + g * TILE);
         }
+#pragma GCC unroll 8
         for (int64_t r = 0; r < R; r++) {
             const int64_t at = (r0 + r) * groups + g, column = (r0 + r) * K + g * GROUP;
             VecI dot;
@@ -500,6 +505,7 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
     }
     // int8's row scales, once the last group is in (a tile's are padded with zeros: V of them are there).
     const VecF row_scale = BITS == 8 && g1 == groups ? load_ps(w->row_scale) : zero_ps();
+#pragma GCC unroll 8
     for (int64_t r = 0; r < R; r++) {
         if (BITS == 8 && g1 == groups) acc[r] = mul_ps(acc[r], row_scale);
         float *out = y + (r0 + r) * N + w->o0;
