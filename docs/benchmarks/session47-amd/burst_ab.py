@@ -20,13 +20,14 @@ from benchmarks.many_rows import builds_to_compare
 from minisgl.kernels.native import CpuKernels
 from minisgl.layers.quant import QuantizedWeight
 from minisgl.llm import LLM
+from minisgl.models.decoder import DecoderForCausalLM
 from minisgl.sampling import SamplingParams
 
 
-def swap_kernels(model: object, kernels: CpuKernels) -> None:
+def swap_kernels(model: DecoderForCausalLM, kernels: CpuKernels) -> None:
     """``kernels`` wherever the model runs them, its products' bindings and fused decoder made anew."""
-    model.use_kernels(kernels)  # type: ignore[attr-defined]
-    for module in model.modules():  # type: ignore[attr-defined]
+    model.use_kernels(kernels)
+    for module in model.modules():
         if isinstance(module, QuantizedWeight):
             module.__dict__.pop("c_matmul", None)
     model.__dict__.pop("_fused_decoder", None)
@@ -41,6 +42,7 @@ def main() -> None:
     builds = dict(zip(("base", "new"), builds_to_compare(__doc__)))
     llm, rng = LLM(), random.Random(0)
     model = llm.scheduler.runner.engine.model
+    assert isinstance(model, DecoderForCausalLM)
 
     def ids(n: int) -> list[int]:
         return [rng.randrange(10, 49000) for _ in range(n)]
