@@ -419,6 +419,7 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
     // Every loop over the rows unrolled (8: GEMM_ROWS), so that acc[] stays in registers. Left to itself GCC
     // keeps the group loop's rows a loop, stores acc[] to the stack each group and spills the rows' addresses,
     // which costs most where the core issues vpdpbusd fastest (docs/benchmarks/session47-amd/unroll_ab.py).
+    _Static_assert(GEMM_ROWS == 8, "gemm_tile's unroll pragmas name GEMM_ROWS");
 #pragma GCC unroll 8
     for (int64_t r = 0; r < R; r++) {
         if (g0 == 0) {
