@@ -114,6 +114,7 @@ class GrammarAfterThought:
         self.grammar, self.tags = grammar, tags
         self.vocab_size = grammar.vocab_size
         self._stage = _Stage.THINKING if opened else _Stage.START
+        self._every_token = xgrammar().allocate_token_bitmask(1, self.vocab_size)  # every bit set; only read
 
     def advance(self, token_id: int, tokenizer: PreTrainedTokenizerBase, jump_limit: int) -> list[int]:
         """As ``GrammarMatcher.advance``; the token that closes the block starts the grammar, whose forced
@@ -138,7 +139,7 @@ class GrammarAfterThought:
 
     def next_token_mask(self) -> torch.Tensor:
         if self._stage is _Stage.THINKING:
-            return xgrammar().allocate_token_bitmask(1, self.vocab_size)  # every bit set
+            return self._every_token
         if self._stage is _Stage.ANSWER:
             return self.grammar.next_token_mask()
         mask = self.grammar.next_token_mask().clone()

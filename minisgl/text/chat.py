@@ -31,7 +31,7 @@ def render_chat(
     if not conversation:
         raise ValueError("conversation has no messages")
     variables = dict(template_kwargs or {})
-    reserved = sorted(set(variables) & _own_arguments(tokenizer))
+    reserved = sorted(set(variables) & _own_arguments(tokenizer)) if variables else []
     if reserved:  # a client must not swap the template, its tokenization or its tools through them
         raise TemplateVariableError(f"chat template variables cannot set {', '.join(reserved)}")
     try:
