@@ -61,7 +61,12 @@ def row(group: Reducer | None, cols: tuple[int, int], reduce: bool = True) -> Pa
 # 2-core CI machine): 1 row 35 -> 17.5 ms, 8 rows 40 -> 18, 32 rows 67 -> 40, 512 rows 587 -> 519;
 # the 49k-row LM head at 32 rows 27 -> 9.4 ms. bf16 gains alike.
 PACK_BATCH_HINT = 32  # rows oneDNN lays the weight out for: 32 and 256 measured the same, 1 worse
-PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def packable_dtypes() -> tuple[torch.dtype, ...]:
+    """The weight dtypes oneDNN packs on this CPU: bf16 only where it has oneDNN's bf16 instructions
+    (AVX-512 BW/VL/DQ or AVX-NE-CONVERT); elsewhere (AVX2 alone) torch refuses to pack it and F.linear runs."""
+    return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -143,8 +148,9 @@ def pack_weights(model: nn.Module) -> None:
     A tied LM head gets its own copy; the embedding keeps the plain one for lookups."""
     if not torch.backends.mkldnn.is_available():
         return
+    packable = packable_dtypes()
     for module in model.modules():
         w = module.weight if isinstance(module, Linear) else None
-        if w is not None and w.device.type == "cpu" and w.dtype in PACKABLE_DTYPES and not w.is_mkldnn:
+        if w is not None and w.device.type == "cpu" and w.dtype in packable and not w.is_mkldnn:
             packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_BATCH_HINT)
             module.weight = nn.Parameter(packed, requires_grad=False)
