@@ -99,8 +99,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def add_peer_arguments(p: argparse.ArgumentParser, default_peers: list[str], default_slots: list[int]) -> None:
-    """``--peers``, ``--llama-server-parallel`` and ``--vllm-kv-cache-gib`` (``online_systems.peer_systems``
-    reads them)."""
+    """``--peers``, ``--llama-server-parallel``, ``--vllm-kv-cache-gib`` and ``--vllm-dtype``
+    (``online_systems.peer_systems`` reads them)."""
     p.add_argument(
         "--peers",
         type=comma_names(PEERS),
@@ -115,6 +115,10 @@ def add_peer_arguments(p: argparse.ArgumentParser, default_peers: list[str], def
         help="llama-server slot counts (-np) to run, comma-separated; each is its own system",
     )
     p.add_argument("--vllm-kv-cache-gib", type=float, default=1.0, help="VLLM_CPU_KVCACHE_SPACE (minisgl's default)")
+    p.add_argument(
+        "--vllm-dtype", choices=["auto", "bfloat16", "float32"], default="auto",
+        help="vLLM's --dtype (auto: its fastest on this CPU, benchmarks.peers.vllm.fastest_dtype)",
+    )  # fmt: skip
 
 
 def add_size_arguments(p: argparse.ArgumentParser) -> None:

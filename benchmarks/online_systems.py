@@ -60,5 +60,5 @@ def peer_systems(args: argparse.Namespace, opts: SystemOptions) -> dict[str, Fac
     if "vllm" in args.peers:
         from benchmarks.peers.vllm import VllmServer
 
-        systems["vllm"] = partial(VllmServer, opts, args.vllm_kv_cache_gib)
+        systems["vllm"] = partial(VllmServer, opts, args.vllm_kv_cache_gib, args.vllm_dtype)
     return systems

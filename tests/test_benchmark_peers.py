@@ -107,9 +107,9 @@ def test_llama_server_gets_a_context_per_slot_and_the_run_threads(
 
 
 def test_vllm_pins_threads_and_reports_cached_tokens(installed_peers: Path) -> None:
-    from benchmarks.peers.vllm import VllmServer
+    from benchmarks.peers.vllm import VllmServer, fastest_dtype
 
-    server = VllmServer(_options(None), kv_cache_gib=1.5)
+    server = VllmServer(_options(None), kv_cache_gib=1.5, dtype="bfloat16")
     assert server.env == {"VLLM_CPU_KVCACHE_SPACE": "1.5", "VLLM_CPU_OMP_THREADS_BIND": "0-1",
                           "VLLM_SERVER_DEV_MODE": "1"}  # fmt: skip
     cmd = server._command(8000)
@@ -121,6 +121,10 @@ def test_vllm_pins_threads_and_reports_cached_tokens(installed_peers: Path) -> N
     for flag in ("--enable-prefix-caching", "--enable-chunked-prefill", "--enable-prompt-tokens-details"):
         assert flag in cmd
     assert cmd[cmd.index("--model") + 1] == "/models/hf" and cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    auto = VllmServer(_options(None), kv_cache_gib=1.5)._command(8000)
+    assert auto[auto.index("--dtype") + 1] == fastest_dtype()
+    assert fastest_dtype(frozenset({"avx2", "avx512f", "avx512bw"})) == "bfloat16"
+    assert fastest_dtype(frozenset({"avx2", "fma", "f16c"})) == "float32"
 
 
 def test_missing_peers_name_the_setup_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
