@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from unittest import mock
 
 import pytest
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.kernels.native import resolve_kernels
+from minisgl.layers import linear as linear_module
 from minisgl.layers.linear import Linear, linear, pack_weights, packable_dtypes
 from minisgl.layers.mlp import GatedMLP
 from minisgl.layers.norm import RMSNorm
@@ -39,6 +41,23 @@ def test_packed_linear_matches_plain(rows: int, with_bias: bool, dtype: torch.dt
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(y, expected, rtol=tol, atol=tol * 10)
     torch.testing.assert_close(linear(x, plain, layer.bias), expected)  # an unpacked weight takes F.linear
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_bf16_weights_left_unpacked_are_named_in_a_warning(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where oneDNN cannot pack bf16 (AVX2 alone) the load says that bf16 runs slow here; forced on any host."""
+    for forced in (False, True):
+        if forced:
+            monkeypatch.setattr(linear_module, "packable_dtypes", lambda: (torch.float32,))
+        model = nn.Sequential(Linear(32, 16)).to(torch.bfloat16)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="minisgl.layers"):
+            pack_weights(model)
+        warned = any("bfloat16 weights" in r.getMessage() for r in caplog.records)
+        unpackable = forced or torch.bfloat16 not in packable_dtypes()
+        assert warned == unpackable and model[0].weight.is_mkldnn != unpackable
 
 
 @pytest.mark.parametrize("intermediate", [96, 1536, 8192, 14336])

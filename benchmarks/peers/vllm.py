@@ -39,8 +39,9 @@ class VllmServer(WarmServer):
             "VLLM_CPU_OMP_THREADS_BIND": f"0-{opts.threads - 1}",
             "VLLM_SERVER_DEV_MODE": "1",
         }
+        dtype = fastest_dtype() if dtype == "auto" else dtype
         self.flags = [
-            "--model", str(opts.hf_folder), "--dtype", fastest_dtype() if dtype == "auto" else dtype, "--max-model-len", str(opts.max_seq_len),
+            "--model", str(opts.hf_folder), "--dtype", dtype, "--max-model-len", str(opts.max_seq_len),
             "--enable-prefix-caching", "--enable-chunked-prefill", "--enable-prompt-tokens-details",
         ]  # fmt: skip
         settings = " ".join(f"{k}={v}" for k, v in self.env.items())

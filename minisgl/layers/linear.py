@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -9,6 +10,8 @@ from torch import nn
 
 from minisgl.kernels.native import RoundedRows
 from minisgl.layers.quant import QuantizedWeight
+
+logger = logging.getLogger("minisgl.layers")
 
 
 class Reducer(Protocol):
@@ -148,9 +151,18 @@ def pack_weights(model: nn.Module) -> None:
     A tied LM head gets its own copy; the embedding keeps the plain one for lookups."""
     if not torch.backends.mkldnn.is_available():
         return
-    packable = packable_dtypes()
+    packable, unpacked = packable_dtypes(), set[torch.dtype]()
     for module in model.modules():
         w = module.weight if isinstance(module, Linear) else None
-        if w is not None and w.device.type == "cpu" and w.dtype in packable and not w.is_mkldnn:
+        if w is None or w.device.type != "cpu" or w.is_mkldnn:
+            continue
+        if w.dtype in packable:
             packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_BATCH_HINT)
             module.weight = nn.Parameter(packed, requires_grad=False)
+        else:
+            unpacked.add(w.dtype)
+    if torch.bfloat16 in unpacked:
+        logger.warning(
+            "bfloat16 weights on a CPU without oneDNN's bf16 instructions: their products run several times "
+            "slower than float32's here (benchmarks.many_rows' dense columns); --dtype float32 runs faster"
+        )
