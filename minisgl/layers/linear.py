@@ -151,7 +151,7 @@ def pack_weights(model: nn.Module) -> None:
     A tied LM head gets its own copy; the embedding keeps the plain one for lookups."""
     if not torch.backends.mkldnn.is_available():
         return
-    packable, unpacked = packable_dtypes(), set[torch.dtype]()
+    packable, bf16_left_plain = packable_dtypes(), False
     for module in model.modules():
         w = module.weight if isinstance(module, Linear) else None
         if w is None or w.device.type != "cpu" or w.is_mkldnn:
@@ -159,9 +159,8 @@ def pack_weights(model: nn.Module) -> None:
         if w.dtype in packable:
             packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_BATCH_HINT)
             module.weight = nn.Parameter(packed, requires_grad=False)
-        else:
-            unpacked.add(w.dtype)
-    if torch.bfloat16 in unpacked:
+        bf16_left_plain |= w.dtype == torch.bfloat16 and w.dtype not in packable
+    if bf16_left_plain:
         logger.warning(
             "bfloat16 weights on a CPU without oneDNN's bf16 instructions: their products run several times "
             "slower than float32's here (benchmarks.many_rows' dense columns); --dtype float32 runs faster"

@@ -24,9 +24,13 @@ static double now(void) {
 #define CLOBBERS "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11"
 #define N 50000000L
 
-static void rate(const char *what, double ghz, double per_iteration, double start) {
-    printf("%-40s %.2f a cycle\n", what, per_iteration * N / (now() - start) / 1e9 / ghz);
-}
+// Issues `body` (`per_iteration` instructions) N times and prints how many a cycle at `ghz`.
+#define RATE(what, per_iteration, body)                                                   \
+    do {                                                                                  \
+        const double start = now();                                                       \
+        for (long i = 0; i < N; i++) body;                                                \
+        printf("%-40s %.2f a cycle\n", what, per_iteration * N / (now() - start) / 1e9 / ghz); \
+    } while (0)
 
 int main(void) {
     static int buffer[64] __attribute__((aligned(64)));
@@ -35,29 +39,13 @@ int main(void) {
     for (long i = 0; i < 4 * N; i++) __asm__ volatile("add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0" : "+r"(x));
     const double ghz = 16.0 * N / (now() - t) / 1e9;
     printf("clock, from dependent adds: %.2f GHz\n", ghz);
-    t = now();
-    for (long i = 0; i < N; i++) __asm__ volatile(R12("vpmaddubsw")::: CLOBBERS);
-    rate("vpmaddubsw", ghz, 12, t);
-    t = now();
-    for (long i = 0; i < N; i++) __asm__ volatile(R12("vpmaddwd")::: CLOBBERS);
-    rate("vpmaddwd", ghz, 12, t);
-    t = now();
-    for (long i = 0; i < N; i++) __asm__ volatile(R12("vpaddw")::: CLOBBERS);
-    rate("vpaddw", ghz, 12, t);
-    t = now();
-    for (long i = 0; i < N; i++) __asm__ volatile(R12("vfmadd231ps")::: CLOBBERS);
-    rate("vfmadd231ps", ghz, 12, t);
-    t = now();
-    for (long i = 0; i < N; i++) __asm__ volatile(R12("vpmaddubsw") R12("vfmadd231ps")::: CLOBBERS);
-    rate("vpmaddubsw + vfmadd231ps, 1:1", ghz, 24, t);
-    t = now();
-    for (long i = 0; i < N; i++) __asm__ volatile(R12("vpmaddubsw") R12("vpaddw")::: CLOBBERS);
-    rate("vpmaddubsw + vpaddw, 1:1", ghz, 24, t);
-    t = now();
-    for (long i = 0; i < N; i++) __asm__ volatile(B12::"r"(buffer) : CLOBBERS);
-    rate("vpbroadcastd from memory", ghz, 12, t);
-    t = now();
-    for (long i = 0; i < N; i++) __asm__ volatile(B12 R12("vpmaddubsw")::"r"(buffer) : CLOBBERS);
-    rate("vpbroadcastd + vpmaddubsw, 1:1", ghz, 24, t);
+    RATE("vpmaddubsw", 12, __asm__ volatile(R12("vpmaddubsw")::: CLOBBERS));
+    RATE("vpmaddwd", 12, __asm__ volatile(R12("vpmaddwd")::: CLOBBERS));
+    RATE("vpaddw", 12, __asm__ volatile(R12("vpaddw")::: CLOBBERS));
+    RATE("vfmadd231ps", 12, __asm__ volatile(R12("vfmadd231ps")::: CLOBBERS));
+    RATE("vpmaddubsw + vfmadd231ps, 1:1", 24, __asm__ volatile(R12("vpmaddubsw") R12("vfmadd231ps")::: CLOBBERS));
+    RATE("vpmaddubsw + vpaddw, 1:1", 24, __asm__ volatile(R12("vpmaddubsw") R12("vpaddw")::: CLOBBERS));
+    RATE("vpbroadcastd from memory", 12, __asm__ volatile(B12::"r"(buffer) : CLOBBERS));
+    RATE("vpbroadcastd + vpmaddubsw, 1:1", 24, __asm__ volatile(B12 R12("vpmaddubsw")::"r"(buffer) : CLOBBERS));
     return 0;
 }
