@@ -385,6 +385,16 @@ static inline __m256i dpbusd_at(__m256i acc, __m256i u, const int8_t *q) {
 #define WIDE_DOTS 1  // plain AVX2: the int16 products described at the top
 #endif
 
+// Whether gemm_tile takes a group's int4 products for all its rows of x before their fmas. With 16 registers
+// (plain AVX2) a row's products and fmas in turn are one long chain, and the core's scheduler held too few
+// rows' chains at once to keep its two multiply pipes busy: 1.10x at 8 to 2,048 rows on Zen 3. The int8
+// product gained nothing so (docs/benchmarks/session49-amd/notes.md).
+#if defined(WIDE_DOTS)
+#define PRODUCTS_FIRST 1
+#else
+#define PRODUCTS_FIRST 0
+#endif
+
 #if defined(WIDE_DOTS)
 // x's rows as one int16 per column, q: the int8 product's other operand.
 static int widen_rows(RoundedX *x, int digits, int64_t rows, int64_t K, Scratch *scratch, int threads) {
@@ -406,6 +416,53 @@ static inline __m256i int4_digit_dot(const __m256i *quads, const int8_t *q, __m2
     return _mm256_madd_epi16(pairs, weight);
 }
 #endif
+
+// Row `at`'s (column `column` of x's rows) integer products with one group of a vector of BITS-bit output rows,
+// its pieces in `quads` (gemm_tile's), per lane: the exact sum of the group's DIGITS-digit products.
+static inline __attribute__((always_inline)) VecI group_dot(const int BITS, const int DIGITS, const VecI *quads,
+                                                            const RoundedX *x, int64_t column, int64_t at) {
+#if defined(WIDE_DOTS)
+    (void)at;
+    if (BITS == 4) {
+        VecI dot = int4_digit_dot(quads, x->codes + column, _mm256_set1_epi16(DIGITS == 1 ? 1 : 256));
+        if (DIGITS == 2) dot = add_32(dot, int4_digit_dot(quads, x->low + column, _mm256_set1_epi16(1)));
+        return dot;
+    }
+    // x->wide holds both digits (the low ones zero with one): one product either way. Per lane pairs of one
+    // row's column sums (rows 0-3, rows 4-7), then one sum per row in order.
+    __m256i first = zero_si(), second = zero_si();
+    for (int i = 0; i < 8; i++) {
+        int64_t four;  // columns 4i .. 4i + 3 of x
+        memcpy(&four, x->wide + column + 4 * i, sizeof four);
+        const __m256i xs = _mm256_set1_epi64x(four);
+        first = add_32(first, _mm256_madd_epi16(quads[2 * i], xs));
+        second = add_32(second, _mm256_madd_epi16(quads[2 * i + 1], xs));
+    }
+    return _mm256_permute4x64_epi64(_mm256_hadd_epi32(first, second), 0xD8);
+#else
+    VecI digit[2];
+    for (int d = 0; d < DIGITS; d++) {
+        const int8_t *q = (d ? x->low : x->codes) + column;
+        // Two chains of vpdpbusd, each half as long: many rows of x are bound by its latency.
+        VecI even = zero_si(), odd = zero_si();
+        for (int i = 0; i < 8; i += 2) {
+            even = dpbusd_at(even, quads[i], q + 4 * i);
+            odd = dpbusd_at(odd, quads[i + 1], q + 4 * i + 4);
+        }
+        digit[d] = add_32(even, odd);
+    }
+    const VecI dot = DIGITS == 1 ? digit[0] : add_32(slli_32(digit[0], 8), digit[1]);
+    return BITS == 8 ? sub_32(dot, set1_32(128 * x->total[at])) : dot;
+#endif
+}
+
+// acc with row `at`'s group `dot` (group_dot's) taken in: int4 by the group's scales `s` and minimums `m`.
+static inline __attribute__((always_inline)) VecF group_sum(const int BITS, VecF acc, VecI dot, VecF s, VecF m,
+                                                            const RoundedX *x, int64_t at) {
+    if (BITS == 8) return fma_ps(cvt_ps(dot), set1_ps(x->step[at]), acc);
+    acc = fma_ps(cvt_ps(dot), mul_ps(s, set1_ps(x->step[at])), acc);
+    return fma_ps(m, set1_ps(x->sum[at]), acc);
+}
 
 // R rows of x from r0 against one vector of BITS-bit output rows, with DIGITS digits of x (all three
 // compile-time constants: always inlined with literals), over groups g0 .. g1:
@@ -461,46 +518,19 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
             s = load_ph(w->scale + g * TILE);
             m = load_ph(w->minimum + g * TILE);
         }
+        if (PRODUCTS_FIRST && BITS == 4) {
+            VecI dots[GEMM_ROWS];
 #pragma GCC unroll 8
-        for (int64_t r = 0; r < R; r++) {
-            const int64_t at = (r0 + r) * groups + g, column = (r0 + r) * K + g * GROUP;
-            VecI dot;
-#if defined(WIDE_DOTS)
-            if (BITS == 4) {
-                dot = int4_digit_dot(quads, x->codes + column, _mm256_set1_epi16(DIGITS == 1 ? 1 : 256));
-                if (DIGITS == 2) dot = add_32(dot, int4_digit_dot(quads, x->low + column, _mm256_set1_epi16(1)));
-            } else {  // x->wide holds both digits (the low ones zero with one): one product either way
-                // Per lane pairs of one row's column sums (rows 0-3, rows 4-7), then one sum per row in order.
-                __m256i first = zero_si(), second = zero_si();
-                for (int i = 0; i < 8; i++) {
-                    int64_t four;  // columns 4i .. 4i + 3 of x
-                    memcpy(&four, x->wide + column + 4 * i, sizeof four);
-                    const __m256i xs = _mm256_set1_epi64x(four);
-                    first = add_32(first, _mm256_madd_epi16(quads[2 * i], xs));
-                    second = add_32(second, _mm256_madd_epi16(quads[2 * i + 1], xs));
-                }
-                dot = _mm256_permute4x64_epi64(_mm256_hadd_epi32(first, second), 0xD8);
-            }
-#else
-            VecI digit[2];
-            for (int d = 0; d < DIGITS; d++) {
-                const int8_t *q = (d ? x->low : x->codes) + column;
-                // Two chains of vpdpbusd, each half as long: many rows of x are bound by its latency.
-                VecI even = zero_si(), odd = zero_si();
-                for (int i = 0; i < 8; i += 2) {
-                    even = dpbusd_at(even, quads[i], q + 4 * i);
-                    odd = dpbusd_at(odd, quads[i + 1], q + 4 * i + 4);
-                }
-                digit[d] = add_32(even, odd);
-            }
-            dot = DIGITS == 1 ? digit[0] : add_32(slli_32(digit[0], 8), digit[1]);
-            if (BITS == 8) dot = sub_32(dot, set1_32(128 * x->total[at]));
-#endif
-            if (BITS == 4) {
-                acc[r] = fma_ps(cvt_ps(dot), mul_ps(s, set1_ps(x->step[at])), acc[r]);
-                acc[r] = fma_ps(m, set1_ps(x->sum[at]), acc[r]);
-            } else {
-                acc[r] = fma_ps(cvt_ps(dot), set1_ps(x->step[at]), acc[r]);
+            for (int64_t r = 0; r < R; r++)
+                dots[r] = group_dot(BITS, DIGITS, quads, x, (r0 + r) * K + g * GROUP, (r0 + r) * groups + g);
+#pragma GCC unroll 8
+            for (int64_t r = 0; r < R; r++)
+                acc[r] = group_sum(BITS, acc[r], dots[r], s, m, x, (r0 + r) * groups + g);
+        } else {
+#pragma GCC unroll 8
+            for (int64_t r = 0; r < R; r++) {
+                const int64_t at = (r0 + r) * groups + g, column = (r0 + r) * K + g * GROUP;
+                acc[r] = group_sum(BITS, acc[r], group_dot(BITS, DIGITS, quads, x, column, at), s, m, x, at);
             }
         }
     }
