@@ -22,20 +22,6 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
-    """The CPU's feature flags as Linux lists them (the ``flags`` line of ``cpuinfo``, the text of
-    /proc/cpuinfo, read when not given); empty where there is no such file."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return frozenset()
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
-
-
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

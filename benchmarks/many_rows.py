@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.machine import cpu_flags, load_average, machine_info
+from benchmarks.machine import load_average, machine_info
 from minisgl.heap import retain_freed_memory
 from minisgl.kernels.native import CpuKernels, load_sources, load_variant, resolve_kernels
-from minisgl.kernels.variants import KERNEL_CHOICES
+from minisgl.kernels.variants import KERNEL_CHOICES, cpu_flags
 from minisgl.layers.linear import Linear, pack_weights
 from minisgl.layers.quant import DequantBuffer, Int4Weight, Int8Weight, QuantizedWeight
 from minisgl.tuning import DEQUANT_BUFFER_ELEMENTS, mlp_band_rows

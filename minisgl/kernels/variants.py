@@ -35,12 +35,15 @@ VARIANTS = (  # best first
 KERNEL_CHOICES = ("auto", "c", "torch", *(f"c:{v.name}" for v in VARIANTS))
 
 
-def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags as Linux reports them (empty elsewhere: no variant is then chosen)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if platform.machine() != "x86_64" or not cpuinfo.is_file():
-        return frozenset()
-    for line in cpuinfo.read_text().splitlines():
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them: the ``flags`` line of ``cpuinfo``, the text of
+    /proc/cpuinfo, read when not given (empty off x86-64 or without that file: no variant is then chosen)."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        if platform.machine() != "x86_64" or not path.is_file():
+            return frozenset()
+        cpuinfo = path.read_text()
+    for line in cpuinfo.splitlines():
         if line.startswith("flags"):
             return frozenset(line.split(":", 1)[1].split())
     return frozenset()

@@ -11,8 +11,9 @@ import time
 
 import torch
 
-from benchmarks.machine import cpu_flags, machine_info
+from benchmarks.machine import machine_info
 from minisgl.kernels.native import resolve_kernels
+from minisgl.kernels.variants import cpu_flags
 from minisgl.layers.quant import Int4Weight
 
 SHAPES = [("1.7B gate_up", 16384, 2048), ("1.7B down", 2048, 8192), ("135M gate_up", 3072, 576)]

@@ -18,9 +18,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from benchmarks.machine import cpu_flags, load_average, machine_info
+from benchmarks.machine import load_average, machine_info
 from minisgl.kernels.native import SOURCE_DIR, c_compiler
-from minisgl.kernels.variants import VARIANTS
+from minisgl.kernels.variants import VARIANTS, cpu_flags
 
 FMA = r"""
 #include <immintrin.h>
