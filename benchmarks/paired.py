@@ -57,7 +57,7 @@ from benchmarks.scale_model import gguf_of, resolve_scale_model
 from benchmarks.systems import MINISGL_VARIANTS, SystemOptions, make_system
 from benchmarks.systems.base import OfflineSystem, OnlineSystem
 from benchmarks.workloads import WORKLOADS, Workload, build
-from minisgl.kernels.native import cpu_paths, decode_attention_products, resolve_kernels
+from minisgl.kernels.native import attention_products, cpu_paths, resolve_kernels
 from minisgl.models.source import resolve_model_path
 
 OFFLINE = "offline:"
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- Machine: `{machine_info(args.threads)}`",
         f"- Model: {args.model or 'the default (SmolLM2-135M-Instruct, Q4_1 GGUF)'}",
         f"- Quantized products: {cpu_paths(resolve_kernels('auto'))}",
-        f"- Decode attention's products over a bf16 KV pool: {decode_attention_products(resolve_kernels('auto'))}",
+        f"- Attention's products over a bf16 KV pool: {attention_products(resolve_kernels('auto'))}",
         f"- Load average at start: {load_average()}",
     ]
     walls: Walls = {}

@@ -14,9 +14,9 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from minisgl import LLM
 from minisgl.kernels.native import (
     CpuKernels,
+    attention_products,
     c_compiler,
     cpu_paths,
-    decode_attention_products,
     load_variant,
     resolve_kernels,
 )
@@ -100,8 +100,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     kernels = resolve_kernels("auto")
     for path, code in cpu_paths(kernels).items():
         terminalreporter.write_line(f"minisgl quantized products, {path}: {code}")
-    products = decode_attention_products(kernels)
-    terminalreporter.write_line(f"minisgl decode attention's products over a bf16 KV pool: {products}")
+    for kind, products in attention_products(kernels).items():
+        terminalreporter.write_line(f"minisgl {kind} attention's products over a bf16 KV pool: {products}")
     runnable = ", ".join(v.name for v in host_variants(cpu_flags())) or "none"
     passed = [report.nodeid for report in terminalreporter.stats.get("passed", [])]
     tested = [v.name for v in VARIANTS if any(re.search(rf"[\[-]{v.name}[\]-]", nodeid) for nodeid in passed)]

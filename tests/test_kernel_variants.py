@@ -484,7 +484,7 @@ def test_prefill_attention_against_the_reference_and_torch(
     kernels: CpuKernels, heads: int, kv_heads: int, d: int
 ) -> None:
     """Fresh prompts, extensions of a cached prefix and single tokens riding along, in one call: the
-    SIMD body (where the CPU has AVX-512 BF16) against the reference, and the reference against fp64
+    SIMD body (where it runs on this CPU) against the reference, and the reference against fp64
     softmax attention of its bf16-rounded queries (its weights are rounded to bf16 too)."""
     g = torch.Generator().manual_seed(heads * d)
     slots, shapes = 1500, [(0, 37), (100, 9), (250, 1), (0, 1), (3, 70)]  # (prefix, new tokens)
@@ -533,7 +533,7 @@ def test_prefill_attention_keeps_a_nan_in_its_own_row(kernels: CpuKernels) -> No
     """A NaN query gives its own row NaN (its softmax weights stay NaN, not a weight of about 0) and leaves
     the other rows, which see the same keys, as they were."""
     if not kernels.runs_prefill_attention:
-        pytest.skip(f"the {kernels.variant.name} build has no prefill attention body (it needs AVX-512 BF16)")
+        pytest.skip(f"the {kernels.variant.name} build has no prefill attention body for this CPU")
     g = torch.Generator().manual_seed(7)
     k_pool, v_pool = (torch.randn(40, 2, 32, generator=g).bfloat16() for _ in range(2))
     q = torch.randn(20, 4, 32, generator=g)
@@ -550,7 +550,7 @@ def test_prefill_attention_is_the_same_chunked(kernels: CpuKernels) -> None:
     """A prompt attended in one call, or in two with the first part's keys cached: the second part's
     rows are the same bit for bit (each row sees the same keys in the same order)."""
     if not kernels.runs_prefill_attention:
-        pytest.skip(f"the {kernels.variant.name} build has no prefill attention body (it needs AVX-512 BF16)")
+        pytest.skip(f"the {kernels.variant.name} build has no prefill attention body for this CPU")
     g = torch.Generator().manual_seed(5)
     heads, kv_heads, d, n, split = 9, 3, 64, 150, 61
     k_pool, v_pool = (torch.randn(400, kv_heads, d, generator=g).bfloat16() for _ in range(2))
@@ -573,7 +573,7 @@ def test_prefill_attention_of_requests_sharing_a_prefix_is_each_one_s_alone(
     rows are the same bit for bit as in a call of its own. One shares an odd number of slots, one
     none, one shares its predecessor's slots past that request's own keys."""
     if not kernels.runs_prefill_attention:
-        pytest.skip(f"the {kernels.variant.name} build has no prefill attention body (it needs AVX-512 BF16)")
+        pytest.skip(f"the {kernels.variant.name} build has no prefill attention body for this CPU")
     g = torch.Generator().manual_seed(d)
     slots, shapes = 2000, [(100, 30), (100, 9), (57, 40), (0, 20), (120, 3), (60, 1)]
     k_pool, v_pool = (torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2))

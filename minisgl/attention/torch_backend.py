@@ -80,9 +80,9 @@ class TorchAttentionBackend(AttentionBackend):
 
     @cached_property
     def _prefill_kernels(self) -> CpuKernels | None:
-        """The engine's C kernels, where they run this pool's prefill attention: fp32 queries on a CPU
-        with AVX-512 BF16, a bf16 pool (its products are bf16; an fp32 pool keeps torch's fp32 SDPA),
-        heads the kernel takes."""
+        """The engine's C kernels, where they run this pool's prefill attention
+        (``CpuKernels.runs_prefill_attention``): fp32 queries, a bf16 pool (its products are bf16; an fp32 pool
+        keeps torch's fp32 SDPA), heads the kernel takes."""
         kernels, pool = self.kernels, self.pool.k
         if kernels is None or not prefill_attention_fits(self.num_heads, self.num_kv_heads, self.head_dim):
             return None

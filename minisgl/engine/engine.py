@@ -18,7 +18,7 @@ from minisgl.batch import Batch
 from minisgl.config import EngineConfig
 from minisgl.distributed.sharding import max_kv_heads
 from minisgl.heap import retain_freed_memory
-from minisgl.kernels.native import cpu_paths, decode_attention_products, resolve_kernels
+from minisgl.kernels.native import attention_products, cpu_paths, resolve_kernels
 from minisgl.kvcache.pool import KVPool
 from minisgl.kvcache.table import TableManager
 from minisgl.kvcache.window import full_slots_in_budget, sliding_window, slots_per_request, window_pool_slots
@@ -110,7 +110,8 @@ class Engine:
         if self.device.type == "cpu":
             kernels = self.kernels.variant.description if self.kernels is not None else "none (torch's kernels)"
             logger.info("C kernels (kernels=%s): %s", config.kernels, kernels)
-            logger.info("decode attention's products over a bf16 KV pool: %s", decode_attention_products(self.kernels))
+            for kind, products in attention_products(self.kernels).items():
+                logger.info("%s attention's products over a bf16 KV pool: %s", kind, products)
         if quantized and self.device.type == "cpu":
             logger.info("quantized products: %s", "; ".join(f"{k}: {v}" for k, v in cpu_paths(self.kernels).items()))
         if self.device.type == "cpu":  # after the load: its temporaries go back to the kernel first

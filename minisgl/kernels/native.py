@@ -8,7 +8,8 @@
 - ``paged_attention.c``: decode attention read in place from the KV pool, no gathered copy (over a bf16
   pool in bf16 products where the CPU issues them as fast as fp32 fmas: ``decode_attention_bf16``).
 - ``prefill_attention.c``: an extend pass's causal attention over a bf16 pool, in bf16 products
-  (AVX-512 BF16; elsewhere torch's SDPA runs it).
+  (AVX-512 BF16; the AVX2 builds the same in fp32 fmas; an avx512 build without AVX-512 BF16 leaves it to torch's
+  SDPA).
 - ``rms_norm.c``: RMSNorm (after a residual add) in one call instead of torch's seven ops; also with its
   output rounded as the products round their rows (``RoundedRows``), as ``activation.c``'s SwiGLU too.
 - ``rotary.c``: RoPE, with torch's roundings, for ``decode_layer.c``.
@@ -592,7 +593,8 @@ class CpuKernels:
 
     @cached_property
     def runs_prefill_attention(self) -> bool:
-        """Whether this library's prefill attention runs on this CPU (AVX-512 BF16)."""
+        """Whether this library's prefill attention runs on this CPU (the AVX2 builds', or AVX-512 BF16 for the
+        AVX-512 ones)."""
         return bool(self.lib.prefill_attention_runs())
 
     def prefill_attention(
@@ -847,12 +849,20 @@ class FusedDecoder:
         return out, residual
 
 
-def decode_attention_products(kernels: CpuKernels | None) -> str:
-    """The products of decode attention over a bf16 KV pool with ``kernels`` on this host, in words (the
-    start-up log, the test suite's header, the benchmarks' headers)."""
+def attention_products(kernels: CpuKernels | None) -> dict[str, str]:
+    """The products of decode and of prefill attention over a bf16 KV pool with ``kernels`` on this host, in
+    words (the start-up log, the test suite's header, the benchmarks' headers)."""
     if kernels is None:
-        return "fp32 (torch's SDPA over a gathered copy)"
-    return "bf16 on AVX-512 BF16 (minisgl C kernels)" if kernels.decode_attention_bf16 else "fp32 (minisgl C kernels)"
+        return {"decode": "fp32 (torch's SDPA over a gathered copy)", "prefill": "fp32 (torch's SDPA)"}
+    decode = "bf16 on AVX-512 BF16" if kernels.decode_attention_bf16 else "fp32"
+    if not kernels.runs_prefill_attention:
+        prefill = "fp32 (torch's SDPA)"
+    elif kernels.variant.name in ("avx2", "avxvnni"):
+        prefill = "fp32 fmas on the bf16 values (minisgl C kernels)"
+    else:
+        tiles = " (AMX-BF16 tiles where head_dim is a multiple of 32)" if kernels.variant.name == "amx" else ""
+        prefill = f"bf16 on AVX-512 BF16{tiles} (minisgl C kernels)"
+    return {"decode": f"{decode} (minisgl C kernels)", "prefill": prefill}
 
 
 def cpu_paths(kernels: CpuKernels | None) -> dict[str, str]:

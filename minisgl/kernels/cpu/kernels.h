@@ -146,7 +146,7 @@ int store_new_kv_ref(const float *k, int64_t k_stride, const float *v, int64_t v
 // fp32 (each token's heads contiguous, its row q_stride floats after the one before: a view into the fused
 // QKV output), its keys and values the first prefix_lens[b] + new_lens[b] slots of kv_slots' row b ([batch,
 // stride]), and its token t sees the first prefix_lens[b] + t + 1 of them; out [tokens, heads, d] fp32 (rows
-// of no request untouched). The body runs where prefill_attention_runs() (AVX-512 BF16; the amx build's
+// of no request untouched). The body runs where prefill_attention_runs() (AVX2; AVX-512 BF16 for the AVX-512 builds, the amx build's
 // products on AMX-BF16 where d is a multiple of 32), else returns KERNELS_NO_INSTRUCTIONS.
 int prefill_attention_runs(void);
 int prefill_attention(const float *q, int64_t q_stride, int64_t tokens, int64_t heads, int64_t kv_heads,

@@ -15,7 +15,8 @@
 // bf16, then the weighted values. A row sees the same keys in the same order whatever the pass it is
 // in, so a token's attention is the same, bit for bit, in one pass or chunked, with its prefix cached
 // or not, alone or beside requests that share it. The amx build runs blocks of 32 rows as AMX-BF16 tile
-// products instead (attend_block_tiles), on the same packed keys and values, with the same guarantees.
+// products instead (attend_block_tiles), on the same packed keys and values, with the same guarantees. The
+// AVX2 builds, without bf16 products, run the same arithmetic in fp32 fmas (below).
 
 #include <math.h>
 #include <stdint.h>
@@ -84,25 +85,33 @@ int prefill_attention_ref(const float *q, int64_t q_stride, int64_t tokens, int6
     return KERNELS_OK;
 }
 
-#if defined(KERNELS_AVX512)
+#if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
 
-#define ROWS 8       // query rows of a block: with two key vectors, 16 accumulators
-#define KEYS 32      // keys per step of the scores (two vectors), and the padding of every key count
-#define CHUNKS 4     // value vectors (16 dimensions each) a row's weighted sum holds at once
-#define ROW_GROUP 4  // rows whose weighted sums run together: ROW_GROUP x CHUNKS accumulators
+#define ROWS 8       // query rows of a block
+#define KEYS 32      // keys per step of the AVX-512 scores (two vectors), and the padding of every key count
 #define PACKED_BYTES (16 << 20)  // the packed keys and values of a round of heads, at most (one head at least)
 
-int prefill_attention_runs(void) { return has_avx512_bf16(); }
-
 static inline int64_t padded(int64_t n) { return (n + KEYS - 1) / KEYS * KEYS; }
+
+// Dimensions i .. i + 15 of two keys' values, each dimension's two side by side (first's, then second's),
+// to `to` (32 values).
+static inline void store_value_pair(uint16_t *to, __m256i first, __m256i second) {
+#if defined(KERNELS_AVX512)
+    _mm512_storeu_si512(to, interleave_rows(first, second));
+#else
+    const __m256i low = _mm256_unpacklo_epi16(first, second), high = _mm256_unpackhi_epi16(first, second);
+    _mm256_storeu_si256((__m256i *)to, _mm256_permute2x128_si256(low, high, 0x20));
+    _mm256_storeu_si256((__m256i *)(to + 16), _mm256_permute2x128_si256(low, high, 0x31));
+#endif
+}
 
 // Keys j .. j + 1 (j even) of KV heads h0 .. h1 packed, each head's into its own ld x d part of `keys` and
 // `values`, read as whole pool rows (keys at or past n are zeros):
 // - keys, for the scores: per block of 16 keys and pair of dimensions, the 16 keys' pairs side by side;
 // - values, for the weighted sums: per pair of keys, each dimension's two values side by side.
-BF16 static void pack_pair(const uint16_t *k_pool, const uint16_t *v_pool, const int64_t *slots, int64_t kv_heads,
-                           int64_t h0, int64_t h1, int64_t d, int64_t n, int64_t j, int64_t ld, uint16_t *keys,
-                           uint16_t *values) {
+static void pack_pair(const uint16_t *k_pool, const uint16_t *v_pool, const int64_t *slots, int64_t kv_heads,
+                      int64_t h0, int64_t h1, int64_t d, int64_t n, int64_t j, int64_t ld, uint16_t *keys,
+                      uint16_t *values) {
     for (int64_t h = h0; h < h1; h++) {
         const uint16_t *key[2], *value[2];
         for (int u = 0; u < 2; u++) {
@@ -123,10 +132,41 @@ BF16 static void pack_pair(const uint16_t *k_pool, const uint16_t *v_pool, const
             const __m256i first = j < n ? _mm256_loadu_si256((const __m256i *)(value[0] + i)) : _mm256_setzero_si256();
             const __m256i second =
                 j + 1 < n ? _mm256_loadu_si256((const __m256i *)(value[1] + i)) : _mm256_setzero_si256();
-            _mm512_storeu_si512(pair + 2 * i, interleave_rows(first, second));
+            store_value_pair(pair + 2 * i, first, second);
         }
     }
 }
+
+// 2^f for f in [0, 1), by its minimax quartic: within 3e-6 of it, where a weight's rounding to bf16 is 4e-3
+// (vec_exp's fp32 accuracy would buy nothing here, at twice the instructions).
+static inline VecF exp2_fraction(VecF f) {
+    VecF p = vec_set1(1.3534121e-2f);
+    p = vec_fmadd(p, f, vec_set1(5.2011482e-2f));
+    p = vec_fmadd(p, f, vec_set1(2.4144280e-1f));
+    p = vec_fmadd(p, f, vec_set1(6.9300383e-1f));
+    return vec_fmadd(p, f, vec_set1(1.0000026f));
+}
+
+// One block of ROWS rows, rows first.. of (request, KV head): row r is token r / group, query head
+// h * group + r % group; `rows` of them in all.
+typedef struct {
+    const float *q;
+    int64_t q_stride, heads, group, d, h, token0, prefix, rows;
+    float scale;
+    const uint16_t *keys, *values;  // packed
+    float *out;
+} Head;
+
+#endif
+
+#if defined(KERNELS_AVX512)
+
+#define CHUNKS 4     // value vectors (16 dimensions each) a row's weighted sum holds at once
+#define ROW_GROUP 4  // rows whose weighted sums run together: ROW_GROUP x CHUNKS accumulators
+
+typedef uint16_t Rounded;  // a query or weight rounded to bf16, as this body holds it: its bits
+
+int prefill_attention_runs(void) { return has_avx512_bf16(); }
 
 // Scores of ROWS bf16 query rows (`query`: [ROWS, d]) with `keys` packed keys, unscaled: [ROWS, ld].
 BF16 static void score_block(const uint16_t *query, const uint16_t *packed, int64_t d, int64_t keys, float *scores,
@@ -155,20 +195,13 @@ BF16 static void score_block(const uint16_t *query, const uint16_t *packed, int6
 
 // e^((raw - top) scale) of 16 raw scores, for weights rounded to bf16 (8 bits): as 2^t, t = (raw - top) x
 // scale x log2 e in one fma (c = scale x log2 e, top_c = top x c), 2^t = 2^floor(t) 2^f with f = t - floor(t)
-// in [0, 1) in one instruction (vreduceps), 2^f by its minimax quartic (within 3e-6 of it, where bf16's
-// rounding is 4e-3: vec_exp's fp32 accuracy would buy nothing here, at twice the instructions) and
-// 2^floor(t) by vscalefps, which floors its exponent itself. t is held at -127 or above, so that an
-// overflowing product gives a weight of about 0 rather than -inf - -inf; a NaN stays one (max gives its
-// second operand where either is a NaN).
+// in [0, 1) in one instruction (vreduceps), 2^f by exp2_fraction and 2^floor(t) by vscalefps, which floors its
+// exponent itself. t is held at -127 or above, so that an overflowing product gives a weight of about 0 rather
+// than -inf - -inf; a NaN stays one (max gives its second operand where either is a NaN).
 BF16 static inline __m512 weight_of(__m512 raw, __m512 c, __m512 top_c) {
     const __m512 t = _mm512_max_ps(_mm512_set1_ps(-127.0f), _mm512_fmsub_ps(raw, c, top_c));
     const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512 p = _mm512_set1_ps(1.3534121e-2f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.2011482e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4144280e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9300383e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000026f));
-    return _mm512_scalef_ps(p, t);
+    return _mm512_scalef_ps(exp2_fraction(f), t);
 }
 
 // A row's softmax numerators over its `seen` keys (its raw scores times `scale`), rounded to bf16 into
@@ -234,16 +267,6 @@ BF16 static void sum_values_4(const uint16_t *w, int64_t ld, const uint16_t *p, 
                               const float *total, float *const *out) {
     sum_values(CHUNKS, w, ld, p, d, i, pairs, total, out);
 }
-
-// One block of ROWS rows, rows first.. of (request, KV head): row r is token r / group, query head
-// h * group + r % group; `rows` of them in all.
-typedef struct {
-    const float *q;
-    int64_t q_stride, heads, group, d, h, token0, prefix, rows;
-    float scale;
-    const uint16_t *keys, *values;  // packed
-    float *out;
-} Head;
 
 // A block's `count` rows from `first`: their queries in bf16 into `query` [count, d], where each one's
 // output goes (NULL for the rows past the last, which repeat it) and how many keys each sees.
@@ -368,6 +391,151 @@ BF16 static void attend_block_tiles(const Head *a, int64_t first, uint16_t *quer
 }
 #endif
 
+#elif defined(KERNELS_AVX256)
+// With AVX2 alone, no bf16 products: the same arithmetic in fp32 fmas. A bf16 value is an fp32 one whose low
+// 16 bits are zero, so each product of two is exact in fp32, and the sums are fp32 as vdpbf16ps's are (in an
+// order of this body's own: its bits are its own, with the same guarantees). The queries and the weights are
+// held as fp32 values rounded to bf16, which the fmas take broadcast from memory; a packed word's two bf16
+// values are taken apart in registers (the low one shifted up, the high one masked).
+
+#define ROWS_AT_ONCE 4  // rows whose scores (16 keys) or weighted sums (16 dimensions) run together: 8 accumulators
+#define DIMS 16         // dimensions of a pass of the weighted sums
+
+typedef float Rounded;  // a query or weight rounded to bf16, as this body holds it: an fp32 value
+
+int prefill_attention_runs(void) { return 1; }
+
+static inline __m256 low_values(__m256i words) { return _mm256_castsi256_ps(_mm256_slli_epi32(words, 16)); }
+
+static inline __m256 high_values(__m256i words) {
+    return _mm256_castsi256_ps(_mm256_and_si256(words, _mm256_set1_epi32((int)0xFFFF0000u)));
+}
+
+// Scores of ROWS query rows (`query`: [ROWS, d]) with `keys` packed keys, unscaled: [ROWS, ld].
+static void score_block(const float *query, const uint16_t *packed, int64_t d, int64_t keys, float *scores,
+                        int64_t ld) {
+    for (int64_t j = 0; j < keys; j += 16) {
+        const uint16_t *block = packed + j * d;
+        for (int r0 = 0; r0 < ROWS; r0 += ROWS_AT_ONCE) {
+            __m256 acc[ROWS_AT_ONCE][2];
+            for (int r = 0; r < ROWS_AT_ONCE; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+            for (int64_t i = 0; i < d; i += 2) {  // a pair of dimensions: 16 keys' words, 8 a vector
+                const __m256i first = _mm256_loadu_si256((const __m256i *)(block + i * 16));
+                const __m256i second = _mm256_loadu_si256((const __m256i *)(block + i * 16 + 16));
+                const __m256 k0 = low_values(first), k1 = high_values(first);
+                const __m256 k2 = low_values(second), k3 = high_values(second);
+                for (int r = 0; r < ROWS_AT_ONCE; r++) {
+                    const float *q = query + (r0 + r) * d + i;
+                    const __m256 even = _mm256_set1_ps(q[0]), odd = _mm256_set1_ps(q[1]);
+                    acc[r][0] = _mm256_fmadd_ps(odd, k1, _mm256_fmadd_ps(even, k0, acc[r][0]));
+                    acc[r][1] = _mm256_fmadd_ps(odd, k3, _mm256_fmadd_ps(even, k2, acc[r][1]));
+                }
+            }
+            for (int r = 0; r < ROWS_AT_ONCE; r++) {
+                _mm256_storeu_ps(scores + (r0 + r) * ld + j, acc[r][0]);
+                _mm256_storeu_ps(scores + (r0 + r) * ld + j + 8, acc[r][1]);
+            }
+        }
+    }
+}
+
+// e^((raw - top) scale) of 8 raw scores: the AVX-512 body's 2^t, with 2^floor(t) put in the exponent field
+// (vec_times_pow2; t held at -127 or above, 2^-127 comes out 0). A NaN stays one.
+static inline __m256 weight_of(__m256 raw, __m256 c, __m256 top_c) {
+    const __m256 t = _mm256_max_ps(_mm256_set1_ps(-127.0f), _mm256_fmsub_ps(raw, c, top_c));
+    const __m256 whole = _mm256_round_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    return vec_times_pow2(exp2_fraction(_mm256_sub_ps(t, whole)), whole);
+}
+
+// Lanes j .. j + 7 that are below `seen`, as a mask of whole lanes.
+static inline __m256 seen_lanes(int64_t seen, int64_t j) {
+    const int64_t left = seen - j;
+    const __m256i count = _mm256_set1_epi32((int)(left < 0 ? 0 : left > 8 ? 8 : left));
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(count, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+
+// A row's softmax numerators over its `seen` keys (its raw scores times `scale`), rounded to bf16 into
+// `weights` (zero up to `keys`): their fp32 sum (the AVX-512 body's weigh_row).
+static float weigh_row(const float *scores, float scale, int64_t seen, int64_t keys, float *weights) {
+    __m256 top = _mm256_set1_ps(-INFINITY);
+    const int64_t whole = seen / 8 * 8;
+    for (int64_t j = 0; j < whole; j += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(scores + j));
+    if (whole < seen)
+        top = _mm256_max_ps(top, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(scores + whole),
+                                                  seen_lanes(seen, whole)));
+    const float c = scale * 1.44269504088896341f;
+    const __m256 times = _mm256_set1_ps(c), top_c = _mm256_set1_ps(vec_reduce_max(top) * c);
+    __m256 total = _mm256_setzero_ps();
+    for (int64_t j = 0; j < keys; j += 8) {
+        __m256 e = weight_of(_mm256_loadu_ps(scores + j), times, top_c);
+        if (j + 8 > whole) e = _mm256_and_ps(e, seen_lanes(seen, j));
+        total = _mm256_add_ps(total, e);
+        _mm256_storeu_ps(weights + j, rounded_to_bf16_256(e));
+    }
+    return sum256(total);
+}
+
+// Weighted sums of `pairs` pairs of packed values for ROWS_AT_ONCE rows (weights [ROWS_AT_ONCE, ld]),
+// dimensions i .. i + DIMS, divided by each row's total into out[r] + i.
+static void sum_values(const float *weights, int64_t ld, const uint16_t *packed, int64_t d, int64_t i,
+                       int64_t pairs, const float *total, float *const *out) {
+    __m256 acc[ROWS_AT_ONCE][2];
+    for (int r = 0; r < ROWS_AT_ONCE; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t m = 0; m < pairs; m++) {  // keys 2m and 2m + 1: 8 dimensions' words a vector
+        const uint16_t *words = packed + (m * d + i) * 2;
+        const __m256i first = _mm256_loadu_si256((const __m256i *)words);
+        const __m256i second = _mm256_loadu_si256((const __m256i *)(words + 16));
+        const __m256 v0 = low_values(first), v1 = high_values(first);
+        const __m256 v2 = low_values(second), v3 = high_values(second);
+        for (int r = 0; r < ROWS_AT_ONCE; r++) {
+            const float *w = weights + r * ld + 2 * m;
+            const __m256 even = _mm256_set1_ps(w[0]), odd = _mm256_set1_ps(w[1]);
+            acc[r][0] = _mm256_fmadd_ps(odd, v1, _mm256_fmadd_ps(even, v0, acc[r][0]));
+            acc[r][1] = _mm256_fmadd_ps(odd, v3, _mm256_fmadd_ps(even, v2, acc[r][1]));
+        }
+    }
+    for (int r = 0; r < ROWS_AT_ONCE; r++) {
+        if (out[r] == NULL) continue;
+        const __m256 inverse = _mm256_set1_ps(1.0f / total[r]);
+        _mm256_storeu_ps(out[r] + i, _mm256_mul_ps(acc[r][0], inverse));
+        _mm256_storeu_ps(out[r] + i + 8, _mm256_mul_ps(acc[r][1], inverse));
+    }
+}
+
+// A block's rows from `first`: their queries rounded to bf16 into `query` [ROWS, d], where each one's output
+// goes (NULL for the rows past the last, which repeat it) and how many keys each sees.
+static void block_rows_of(const Head *a, int64_t first, float *query, float **out, int64_t *seen) {
+    const int64_t d = a->d, last_row = min64(first + ROWS, a->rows) - 1;
+    for (int r = 0; r < ROWS; r++) {
+        const int64_t row = min64(first + r, last_row), t = row / a->group;
+        const int64_t head = a->h * a->group + row % a->group;
+        const float *q = a->q + (a->token0 + t) * a->q_stride + head * d;
+        for (int64_t i = 0; i < d; i += 8) _mm256_storeu_ps(query + r * d + i, rounded_to_bf16_256(_mm256_loadu_ps(q + i)));
+        out[r] = first + r <= last_row ? a->out + ((a->token0 + t) * a->heads + head) * d : NULL;
+        seen[r] = a->prefix + t + 1;
+    }
+}
+
+static void attend_block(const Head *a, int64_t first, float *query, float *scores, float *weights, int64_t ld) {
+    const int64_t d = a->d;
+    float *out[ROWS];
+    int64_t seen[ROWS];
+    block_rows_of(a, first, query, out, seen);
+    const int64_t keys = padded(seen[ROWS - 1]);  // the last row sees the most
+    score_block(query, a->keys, d, keys, scores, ld);
+    float total[ROWS];
+    for (int r = 0; r < ROWS; r++) total[r] = weigh_row(scores + r * ld, a->scale, seen[r], keys, weights + r * ld);
+    for (int g = 0; g < ROWS; g += ROWS_AT_ONCE) {
+        const int64_t pairs = (seen[g + ROWS_AT_ONCE - 1] + 1) / 2;
+        for (int64_t i = 0; i < d; i += DIMS)
+            sum_values(weights + g * ld, ld, a->values, d, i, pairs, total + g, out + g);
+    }
+}
+
+#endif
+
+#if defined(KERNELS_AVX512) || defined(KERNELS_AVX256)
+
 int prefill_attention(const float *q, int64_t q_stride, int64_t tokens, int64_t heads, int64_t kv_heads,
                       int64_t d, const uint16_t *k_pool, const uint16_t *v_pool, int64_t slots,
                       const int64_t *kv_slots, int64_t stride, const int64_t *q_starts, const int64_t *new_lens,
@@ -410,16 +578,16 @@ int prefill_attention(const float *q, int64_t q_stride, int64_t tokens, int64_t 
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        // Each thread's block: its bf16 queries [rows, d], scores [rows, ld] and weights [rows, ld].
+        // Each thread's block: its queries [rows, d], scores [rows, ld] and weights [rows, ld].
         static _Thread_local Scratch scratch;
-        const size_t per_row = sizeof(uint16_t) * (size_t)d + (sizeof(float) + sizeof(uint16_t)) * (size_t)ld;
-        uint16_t *query = scratch_reserve(&scratch, (size_t)block_rows * per_row);
+        const size_t per_row = sizeof(Rounded) * (size_t)(d + ld) + sizeof(float) * (size_t)ld;
+        Rounded *query = scratch_reserve(&scratch, (size_t)block_rows * per_row);
         if (query == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
         float *scores = (float *)(query + block_rows * d);
-        uint16_t *weights = (uint16_t *)(scores + block_rows * ld);
+        Rounded *weights = (Rounded *)(scores + block_rows * ld);
 #if defined(KERNELS_AMX)
         if (tiles) tiles_configure();
 #endif
@@ -458,7 +626,7 @@ int prefill_attention(const float *q, int64_t q_stride, int64_t tokens, int64_t 
     return failed ? KERNELS_NO_MEMORY : KERNELS_OK;
 }
 
-#else  // AVX2 builds: torch's SDPA runs prefill attention
+#else  // no SIMD body: torch's SDPA runs prefill attention
 
 int prefill_attention_runs(void) { return 0; }
 

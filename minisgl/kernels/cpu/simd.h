@@ -174,11 +174,20 @@ static inline __m256i round_to_bf16_512(__m512 v) {
 #endif
 
 #if defined(KERNELS_AVX256)
-static inline __m128i round_to_bf16_256(__m256 v) {
+// fp32 rounded to bf16's precision, nearest even (bf16_of's rounding): each lane's bits, the low 16 zero.
+static inline __m256i bf16_rounded_bits_256(__m256 v) {
     const __m256i bits = _mm256_castps_si256(v);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
     const __m256i bias = _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF));
-    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, bias), 16);
+    return _mm256_and_si256(_mm256_add_epi32(bits, bias), _mm256_set1_epi32((int)0xFFFF0000u));
+}
+
+// The same as fp32 values.
+static inline __m256 rounded_to_bf16_256(__m256 v) { return _mm256_castsi256_ps(bf16_rounded_bits_256(v)); }
+
+// The same as 8 bf16, in order.
+static inline __m128i round_to_bf16_256(__m256 v) {
+    const __m256i rounded = _mm256_srli_epi32(bf16_rounded_bits_256(v), 16);
     // Each 128-bit half packs its four values twice; quadwords 0 and 2 are the eight in order.
     const __m256i packed = _mm256_packus_epi32(rounded, rounded);
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
