@@ -24,7 +24,7 @@ import numpy as np
 from benchmarks.corpus import CHAT_MESSAGES, GUIDELINES, PERSONAS, QUESTIONS
 from benchmarks.peers.amx import load_llama
 from minisgl import LLM, SamplingParams
-from minisgl.kernels.native import cpu_paths
+from minisgl.kernels.native import attention_products, cpu_paths
 from minisgl.kernels.variants import KERNEL_CHOICES
 from minisgl.layers.quant import QuantizedWeight
 from minisgl.models.decoder import DecoderForCausalLM
@@ -107,7 +107,9 @@ def main() -> None:
     rows, reference, token_ids, paths = [], None, None, ""
     for mode, dtype, two_digits in MODES:
         llm = LLM(quantization=mode, dtype=dtype, num_page_override=4096, kernels=args.kernels)
-        paths = "; ".join(f"{k}: {v}" for k, v in cpu_paths(llm.scheduler.engine.kernels).items())
+        kernels = llm.scheduler.engine.kernels
+        paths = "; ".join(f"{k}: {v}" for k, v in cpu_paths(kernels).items())
+        paths += f". Attention's products over a bf16 KV pool: {attention_products(kernels)}"
         token_ids = llm.tokenizer.encode(TEXT)
         prompts = [llm.apply_chat_template([{"role": "user", "content": q}]) for q in PROMPTS]
         engine = llm.scheduler.engine  # scored through its own attention: its KV dtype and kernels

@@ -387,8 +387,8 @@ static inline __m256i dpbusd_at(__m256i acc, __m256i u, const int8_t *q) {
 
 // Whether gemm_tile takes a group's int4 products for all its rows of x before their fmas. With 16 registers
 // (plain AVX2) a row's products and fmas in turn are one long chain, and the core's scheduler held too few
-// rows' chains at once to keep its two multiply pipes busy: 1.10x at 8 to 2,048 rows on Zen 3. The int8
-// product gained nothing so (docs/benchmarks/session49-amd/notes.md).
+// rows' chains at once to keep its two multiply pipes busy; the int8 product gained nothing so. The other
+// builds are untried (docs/benchmarks/session49-amd/notes.md).
 #if defined(WIDE_DOTS)
 #define PRODUCTS_FIRST 1
 #else
