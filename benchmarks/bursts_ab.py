@@ -1,0 +1,71 @@
+"""Whole offline bursts of one engine under two setups, alternating in one process (the sessions' A/B scripts in
+docs/benchmarks): a change to one part of the engine measured on what users run, with this VM's drift in speed
+falling on both setups alike. Prompts are random ids; the caches are emptied before each burst."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from benchmarks.machine import load_average
+from minisgl.llm import LLM
+from minisgl.sampling import SamplingParams
+
+Ids = Callable[[int], list[int]]  # n random ids
+
+
+@dataclass(frozen=True)
+class Burst:
+    name: str
+    prompts: Callable[[Ids], list[list[int]]]
+    max_tokens: int = 32
+
+
+def random_prompts(ids: Ids) -> list[list[int]]:
+    """16 prompts of 256 ids."""
+    return [ids(256) for _ in range(16)]
+
+
+def shared_prefixes(ids: Ids) -> list[list[int]]:
+    """4 system prompts of 512 ids, each with 8 questions of 32."""
+    return [system + ids(32) for system in (ids(512) for _ in range(4)) for _ in range(8)]
+
+
+def long_prompt(ids: Ids) -> list[list[int]]:
+    """One prompt of 2,000 ids."""
+    return [ids(2000)]
+
+
+def compare_bursts(llm: LLM, setups: dict[str, Callable[[], None]], bursts: list[Burst], pairs: int) -> None:
+    """Each burst under each of the two ``setups`` (name: what puts it in place; the first is the baseline)
+    ``pairs`` times, the order alternating (after a warm-up of each); prints a markdown table of the medians, the
+    speed-up of the medians and the median of the pairs' speed-ups, then the load average."""
+    (base, new), rng = setups, random.Random(0)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(10, 49000) for _ in range(n)]
+
+    for setup in setups.values():
+        setup()
+        llm.generate([ids(64)] * 2, SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
+    walls: dict[tuple[str, str], list[float]] = {(b.name, name): [] for b in bursts for name in setups}
+    for i in range(pairs):
+        for burst in bursts:
+            prompts, params = burst.prompts(ids), SamplingParams(max_tokens=burst.max_tokens, ignore_eos=True)
+            for name in (base, new) if i % 2 == 0 else (new, base):
+                setups[name]()
+                llm.flush_cache()
+                start = time.perf_counter()
+                llm.generate(prompts, params, use_tqdm=False)
+                walls[burst.name, name].append(time.perf_counter() - start)
+    print(f"| burst | {base}, median s | {new}, median s | speed-up of the medians | median of the pairs' |")
+    print("|---|---|---|---|---|")
+    for burst in bursts:
+        before, after = walls[burst.name, base], walls[burst.name, new]
+        paired = statistics.median(a / b for a, b in zip(before, after))
+        print(f"| {burst.name} | {statistics.median(before):.3f} | {statistics.median(after):.3f} "
+              f"| {statistics.median(before) / statistics.median(after):.3f}x | {paired:.3f}x |")  # fmt: skip
+    print(f"# load average at end: {load_average()}")
