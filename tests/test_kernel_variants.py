@@ -398,7 +398,8 @@ def each_alone_and_batched(
 
 
 # (9, 3, 64) and (24, 8, 128): a group's shared chunks have at least 8 query rows per KV head (3 members x 3),
-# which take their keys and values staged in fp32 (paged_attention.c's STAGED_ROWS), and a member alone does not.
+# which take their keys and values staged in fp32 (paged_attention.c's attend_staged: from 8 rows with 512-bit
+# registers, from 4 with 256-bit ones), and a member alone does not.
 # An fp32 pool takes fp32 products on every build (Intel's CPUs take them for bf16 pools too).
 @pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("heads, kv_heads, d", [(32, 32, 64), (16, 8, 128), (9, 3, 64), (24, 8, 128), (4, 4, 64)])

@@ -26,8 +26,8 @@
 // task for the group: its rows read once and dotted with every member's query heads, instead of read
 // and dotted once per member. A member's chunks are the ones it would have alone, each row's sums in
 // the same order, so its output is the same bits alone as in its group. Such a task has many query rows
-// per KV head: it widens its keys and values once into fp32 buffers and keeps the value sums in registers
-// over all its keys (STAGED_ROWS), where a task of few rows reads them from the pool as it goes.
+// per KV head: it widens its keys and values into fp32 buffers once for them all (attend_staged; the 256-bit
+// builds a block of keys at a time), where a task of few rows reads them from the pool as it goes.
 //
 // Threads: the tasks (a chunk of a request's keys or of a group's shared run, or some of its KV heads
 // where the chunks are too few for the threads: head_blocks) are split over `threads` OpenMP threads,
@@ -176,7 +176,7 @@ static inline VecF load_kv(const void *pool, int64_t at, int bf16) {
 }
 static inline void store_bf16(uint16_t *to, VecF x) { _mm256_storeu_si256((__m256i *)to, round_to_bf16_512(x)); }
 #else
-#define QUERIES 2  // 16 registers: 2 x 4 sums
+#define QUERIES 3  // 16 registers: 3 x 4 sums and 3 query vectors; each key vector is an fma's memory operand
 #define CHUNKS 2   // 4 keys x 2
 static inline VecF load_kv(const void *pool, int64_t at, int bf16) {
     if (!bf16) return _mm256_loadu_ps((const float *)pool + at);
@@ -227,12 +227,12 @@ typedef void (*DotKeys)(const float *, const void *, const int64_t *, int64_t, i
     }
 DOT_KEYS(1)
 DOT_KEYS(2)
-#if QUERIES == 4
 DOT_KEYS(3)
+#if QUERIES == 4
 DOT_KEYS(4)
 static const DotKeys dot_keys_of[QUERIES + 1] = {NULL, dot_keys_1, dot_keys_2, dot_keys_3, dot_keys_4};
 #else
-static const DotKeys dot_keys_of[QUERIES + 1] = {NULL, dot_keys_1, dot_keys_2};
+static const DotKeys dot_keys_of[QUERIES + 1] = {NULL, dot_keys_1, dot_keys_2, dot_keys_3};
 #endif
 
 // sums[r * d + i ..] (query head r = h * group + a) += the weights of `keys` keys (weights[r * ck + u])
@@ -282,14 +282,70 @@ static void add_values_tail(int64_t keys, int64_t chunks, const float *weights, 
 // sums then stay in registers over all the chunk's keys (add_staged_values). The arithmetic is the same,
 // each sum's terms in the same order: a member's output is the same bits in a group as alone. Timed with
 // python -m benchmarks.decode_attention (docs/benchmarks/session33-spr/attention_ab.py against a commit).
-// With 256-bit registers the staged sums hold 2 rows of 16 values, and reading the staged values again for
-// every 2 rows cost more than the widening saved (docs/benchmarks/session33-spr/notes.md): those builds never
-// stage.
+// With 256-bit registers the staged sums hold a few rows of 32 values, and reading a whole chunk's staged values
+// again for every few rows cost more than the widening saved (docs/benchmarks/session33-spr/notes.md; 0.75x on
+// Zen 3, docs/benchmarks/session50-amd/notes.md): those builds widen a block of keys at a time (attend_staged).
 #if defined(KERNELS_AVX512)
 #define STAGED_ROWS 8
-#define STAGED_PER_KEY(d) (2 * (d))  // the floats a staged key takes in a thread's buffer: its key and its value
+// The floats of a thread's buffers for staged keys and for staged values: the widest chunk's.
+#define STAGED_KEY_FLOATS(d, widest) ((d) * (widest))
+#define STAGED_VALUE_FLOATS(d, widest) ((d) * (widest))
 #else
-#define STAGED_PER_KEY(d) 0
+#define STAGED_ROWS (QUERIES + 1)
+#define VALUE_BLOCK 16  // keys whose values attend_staged widens at once
+#define STAGED_KEY_FLOATS(d, widest) ((d) * KEYS)
+#define STAGED_VALUE_FLOATS(d, widest) ((d) * VALUE_BLOCK)
+#endif
+
+#if !defined(KERNELS_AVX512)
+// dot_keys for `rows` query rows (d apart from q) with the KEYS staged fp32 keys at `keys` (d apart), into
+// out[r * out_stride ..]: one call for a block of keys, QUERIES rows at a time.
+static void dot_rows_block(const float *q, int64_t rows, const float *keys, int64_t d, float scale, float *out,
+                           int64_t out_stride) {
+    const int64_t at[KEYS] = {0, d, 2 * d, 3 * d};
+    int64_t r = 0;
+    for (; r + QUERIES <= rows; r += QUERIES)
+        dot_keys(QUERIES, q + r * d, keys, at, 0, d, 0, scale, out + r * out_stride, out_stride);
+    for (; r < rows; r++) dot_keys(1, q + r * d, keys, at, 0, d, 0, scale, out + r * out_stride, out_stride);
+}
+
+// sums[a * d ..] (a < nr, nc vectors of dimensions) += weights[a * ck + u] times values[u * d ..] (fp32, staged)
+// over the n keys in order, the sums in registers over them: add_values' terms in add_values' order. Called with
+// a literal nr and nc.
+static inline __attribute__((always_inline)) void add_block_values(const int nr, const int nc, const float *weights,
+                                                                   int64_t ck, const float *values, int64_t n,
+                                                                   int64_t d, float *sums) {
+    VecF acc[QUERIES][4];
+    for (int a = 0; a < nr; a++)
+        for (int c = 0; c < nc; c++) acc[a][c] = vec_load(sums + a * d + c * WIDTH);
+    for (int64_t u = 0; u < n; u++)
+        for (int a = 0; a < nr; a++) {
+            const VecF weight = vec_set1(weights[a * ck + u]);
+            for (int c = 0; c < nc; c++) acc[a][c] = vec_fmadd(weight, vec_load(values + u * d + c * WIDTH), acc[a][c]);
+        }
+    for (int a = 0; a < nr; a++)
+        for (int c = 0; c < nc; c++) vec_store(sums + a * d + c * WIDTH, acc[a][c]);
+}
+
+// sums[r * d ..] (r < rows) += the weights of the n staged keys (weights[r * ck + u]) times their values: QUERIES
+// rows and 4 vectors of dimensions at a time where there are as many.
+static void add_values_rows(const float *weights, int64_t ck, int64_t rows, const float *values, int64_t n, int64_t d,
+                            float *sums) {
+    for (int64_t r = 0; r < rows; r += QUERIES) {
+        const int64_t nr = rows - r < QUERIES ? rows - r : QUERIES;
+        const float *w = weights + r * ck;
+        float *s = sums + r * d;
+        for (int64_t i = 0; i + 4 * WIDTH <= d; i += 4 * WIDTH) {
+            if (nr == QUERIES) {
+                add_block_values(QUERIES, 4, w, ck, values + i, n, d, s + i);
+                continue;
+            }
+            for (int64_t a = 0; a < nr; a++) add_block_values(1, 4, w + a * ck, ck, values + i, n, d, s + a * d + i);
+        }
+        for (int64_t i = d / (4 * WIDTH) * (4 * WIDTH); i < d; i += WIDTH)
+            for (int64_t a = 0; a < nr; a++) add_block_values(1, 1, w + a * ck, ck, values + i, n, d, s + a * d + i);
+    }
+}
 #endif
 
 #if defined(KERNELS_AVX512)
@@ -611,8 +667,8 @@ typedef struct {
     float *sums, *top, *total;
 } Task;
 
-// A thread's buffers: scores ([rows of a task, widest]), staged keys and values ([widest, d] each, fp32; the
-// AVX-512 builds stage; bf16 products stage their value pairs in the keys' part), a group's query rows ([rows,
+// A thread's buffers: scores ([rows of a task, widest]), staged keys and values (fp32: STAGED_KEY_FLOATS and
+// STAGED_VALUE_FLOATS; bf16 products stage their value pairs in the keys' part), a group's query rows ([rows,
 // d]: gather_queries), row offsets and staged keys' offsets ([widest] each), and for bf16 products the rounded
 // queries ([rows, padded_dim(d)]) and weights ([rows, widest]).
 typedef struct {
@@ -629,35 +685,79 @@ static void weigh_rows(float *scores, int64_t ck, int64_t r0, int64_t r1, int64_
     }
 }
 
+// A task of STAGED_ROWS query rows a KV head or more with fp32 products: its keys and values widened to fp32 once
+// for all its rows, each row's arithmetic attend_fp32's.
+#if defined(KERNELS_AVX512)
+// A KV head at a time: its keys and values staged, then its rows' scores, weights and sums.
+static void attend_staged(const Task *t, const float *q, int kv_bf16, const Buffers *buf) {
+    const int64_t n = t->n, ck = t->ck, d = t->d, per_task = t->per_task, rows_per_head = t->rows_per_head;
+    const int64_t keys = (n + KEYS - 1) / KEYS * KEYS;
+    float *scores = buf->scores;
+    for (int64_t j = 0; j < keys; j++) buf->staged_rows[j] = (j < n ? j : 0) * d;
+    for (int64_t h = 0; h < per_task; h++) {
+        stage_head(t->k_pool, t->rows, n, h, per_task, d, kv_bf16, buf->staged_keys);
+        stage_head(t->v_pool, t->rows, n, h, per_task, d, kv_bf16, buf->staged_values);
+        for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
+            const int64_t nq = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
+            const int64_t r = h * rows_per_head + g;
+            dot_key_runs_of[nq](q + r * d, buf->staged_keys, buf->staged_rows, 0, d, 0, t->scale, scores + r * ck, ck,
+                                keys / KEYS);
+        }
+        weigh_rows(scores, ck, h * rows_per_head, (h + 1) * rows_per_head, n, t->top, t->total);
+        for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
+            const int64_t nr = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
+            const int64_t r = h * rows_per_head + g;
+            add_staged_of[nr](scores + r * ck, ck, buf->staged_values, n, d, t->sums + r * d);
+        }
+    }
+}
+#else
+// KEYS keys of a head at a time widened and dotted with all its rows, then VALUE_BLOCK keys' values at a time added
+// to all its rows' sums (in registers over the block).
+static void attend_staged(const Task *t, const float *q, int kv_bf16, const Buffers *buf) {
+    const int64_t n = t->n, ck = t->ck, d = t->d, per_task = t->per_task, rows_per_head = t->rows_per_head;
+    const int64_t keys = (n + KEYS - 1) / KEYS * KEYS, task_rows = per_task * rows_per_head;
+    const int64_t *rows = t->rows;
+    float *scores = buf->scores, *staged = buf->staged_keys;
+    for (int64_t j = 0; j < keys; j += KEYS) {
+        for (int64_t h = 0; h < per_task; h++) {
+            for (int64_t w = j + AHEAD; w < j + AHEAD + KEYS && w < n; w++) {
+                prefetch_kv(t->k_pool, rows[w] + h * d, d, kv_bf16);
+                prefetch_kv(t->v_pool, rows[w] + h * d, d, kv_bf16);
+            }
+            for (int64_t u = 0; u < KEYS; u++)
+                for (int64_t i = 0; i < d; i += WIDTH)
+                    vec_store(staged + u * d + i, load_kv(t->k_pool, rows[j + u] + h * d + i, kv_bf16));
+            const int64_t r = h * rows_per_head;
+            dot_rows_block(q + r * d, rows_per_head, staged, d, t->scale, scores + r * ck + j, ck);
+        }
+    }
+    weigh_rows(scores, ck, 0, task_rows, n, t->top, t->total);
+    memset(t->sums, 0, sizeof(float) * (size_t)(task_rows * d));
+    staged = buf->staged_values;
+    for (int64_t j = 0; j < n; j += VALUE_BLOCK) {
+        const int64_t block = n - j < VALUE_BLOCK ? n - j : VALUE_BLOCK;
+        for (int64_t h = 0; h < per_task; h++) {
+            for (int64_t u = 0; u < block; u++)
+                for (int64_t i = 0; i < d; i += WIDTH)
+                    vec_store(staged + u * d + i, load_kv(t->v_pool, rows[j + u] + h * d + i, kv_bf16));
+            const int64_t r = h * rows_per_head;
+            add_values_rows(scores + r * ck + j, ck, rows_per_head, staged, block, d, t->sums + r * d);
+        }
+    }
+}
+#endif
+
 // A task with fp32 products.
 static void attend_fp32(const Task *t, const float *q, int kv_bf16, const Buffers *buf) {
     const int64_t n = t->n, ck = t->ck, d = t->d, per_task = t->per_task, rows_per_head = t->rows_per_head;
     const int64_t keys = (n + KEYS - 1) / KEYS * KEYS, task_rows = per_task * rows_per_head;
     const int64_t *rows = t->rows;
     float *scores = buf->scores, *sums = t->sums;
-#if defined(KERNELS_AVX512)
     if (rows_per_head >= STAGED_ROWS) {
-        // A KV head at a time: its keys and values staged, then its rows' scores, weights and sums.
-        for (int64_t j = 0; j < keys; j++) buf->staged_rows[j] = (j < n ? j : 0) * d;
-        for (int64_t h = 0; h < per_task; h++) {
-            stage_head(t->k_pool, rows, n, h, per_task, d, kv_bf16, buf->staged_keys);
-            stage_head(t->v_pool, rows, n, h, per_task, d, kv_bf16, buf->staged_values);
-            for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
-                const int64_t nq = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
-                const int64_t r = h * rows_per_head + g;
-                dot_key_runs_of[nq](q + r * d, buf->staged_keys, buf->staged_rows, 0, d, 0, t->scale, scores + r * ck,
-                                    ck, keys / KEYS);
-            }
-            weigh_rows(scores, ck, h * rows_per_head, (h + 1) * rows_per_head, n, t->top, t->total);
-            for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
-                const int64_t nr = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
-                const int64_t r = h * rows_per_head + g;
-                add_staged_of[nr](scores + r * ck, ck, buf->staged_values, n, d, sums + r * d);
-            }
-        }
+        attend_staged(t, q, kv_bf16, buf);
         return;
     }
-#endif
     // Keys: KEYS keys' rows, head after head. The keys AHEAD further are asked for a head at a time, spread
     // over the pass, with their values for the pass over them that follows.
     for (int64_t j = 0; j < keys; j += KEYS) {
@@ -891,7 +991,9 @@ int paged_decode_attention(const float *q, int64_t q_stride, const float *k, int
     {
         // Each thread's buffers (Buffers), in one allocation kept for its next call.
         static _Thread_local Scratch scratch;
-        const int64_t score_floats = max_task_rows * widest, staged_floats = STAGED_PER_KEY(d) * widest;
+        const int64_t score_floats = max_task_rows * widest, stages = max_width * group >= STAGED_ROWS;
+        const int64_t staged_key_floats = stages ? STAGED_KEY_FLOATS(d, widest) : 0;
+        const int64_t staged_floats = staged_key_floats + (stages ? STAGED_VALUE_FLOATS(d, widest) : 0);
         const int64_t query_values = max_task_rows * padded_dim(d);
         const int64_t group_floats = max_width > 1 ? max_task_rows * d : 0;  // gather_queries'
         const int64_t floats = score_floats + staged_floats + group_floats;
@@ -905,7 +1007,7 @@ int paged_decode_attention(const float *q, int64_t q_stride, const float *k, int
         Buffers buffers = {.scores = scores};
         if (scores != NULL) {
             buffers.staged_keys = scores + score_floats;
-            buffers.staged_values = buffers.staged_keys + staged_floats / 2;
+            buffers.staged_values = buffers.staged_keys + staged_key_floats;
             buffers.group_queries = buffers.staged_keys + staged_floats;
             buffers.rows = (int64_t *)(buffers.group_queries + group_floats);
             buffers.staged_rows = buffers.rows + widest;
