@@ -5,7 +5,7 @@ build's attention). Bursts of random ids, caches emptied before each: one system
 32 (``benchmarks.paired --groups 1 --prompts-per-group 16``'s shape) and 16 prompts of 256; 32 tokens out.
 ``--pairs`` pairs, alternating which build goes first.
 
-    PYTHONPATH=. python docs/benchmarks/session50-amd/burst_ab.py --base HEAD [--pairs 8]
+    PYTHONPATH=. python docs/benchmarks/session50-amd/burst_ab.py --base 70759ff [--pairs 8]
 """
 
 from __future__ import annotations

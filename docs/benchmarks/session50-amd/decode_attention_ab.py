@@ -3,15 +3,18 @@ process (``benchmarks.many_rows.builds_to_compare``): the decode steps of the ha
 every layer's pool read in turn (as a step reads them), the outputs checked equal bit for bit; alternating
 calls, 9 rounds, medians.
 
-    PYTHONPATH=. python docs/benchmarks/session50-amd/decode_attention_ab.py --base HEAD
+    PYTHONPATH=. python docs/benchmarks/session50-amd/decode_attention_ab.py --base 70759ff
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 from benchmarks.decode_attention import case_slots, distinct_rows
 from benchmarks.many_rows import builds_to_compare, race
+from minisgl.kernels.native import CpuKernels
 
 CASES = [  # (name, query heads, KV heads, head dim, layers, requests, keys each, of them shared by all)
     ("135M shared-prefix burst", 9, 3, 64, 30, 16, 560, 512),
@@ -21,6 +24,15 @@ CASES = [  # (name, query heads, KV heads, head dim, layers, requests, keys each
     ("1.7B shared-prefix burst", 32, 32, 64, 24, 16, 560, 512),
     ("1.7B random burst", 32, 32, 64, 24, 16, 288, 0),
 ]
+
+
+Step = Callable[[], list[torch.Tensor]]
+
+
+def step_of(kernels: CpuKernels, case: tuple[torch.Tensor, ...], pools: list[list[torch.Tensor]]) -> Step:
+    """A decode step's attention with ``kernels``: every layer's pool in turn."""
+    q, k, v, out_slots, kv_slots, kv_lens = case
+    return lambda: [kernels.paged_decode_attention(q, k, v, out_slots, kp, vp, kv_slots, kv_lens) for kp, vp in pools]
 
 
 def main() -> None:
@@ -33,14 +45,10 @@ def main() -> None:
         pools = [[torch.randn(slots, kv_heads, d, generator=g).bfloat16() for _ in range(2)] for _ in range(layers)]
         q = torch.randn(batch, heads, d, generator=g)
         k, v = (torch.randn(batch, kv_heads, d, generator=g) for _ in range(2))
-        out_slots, kv_slots, kv_lens = case_slots(batch, length, shared)
-
-        def step(kernels):  # noqa: ANN001, ANN202
-            return lambda: [kernels.paged_decode_attention(q, k, v, out_slots, kp, vp, kv_slots, kv_lens)
-                            for kp, vp in pools]  # fmt: skip
-
-        same = all(torch.equal(a, b) for a, b in zip(step(base)(), step(new)()))
-        t = race({"base": step(base), "new": step(new)}, repeats=3, rounds=9)
+        case = (q, k, v, *case_slots(batch, length, shared))
+        before, after = step_of(base, case, pools), step_of(new, case, pools)
+        same = all(torch.equal(a, b) for a, b in zip(before(), after()))
+        t = race({"base": before, "new": after}, repeats=3, rounds=9)
         print(f"| {name} ({batch} x {length} keys, {shared} shared, {heads}/{kv_heads} heads, {layers} layers) "
               f"| {1e3 * t['base']:.2f} | {1e3 * t['new']:.2f} | {t['base'] / t['new']:.2f}x | {same} |")  # fmt: skip
 
