@@ -311,16 +311,18 @@ def softmax_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor)
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "heads, kv_heads, d",
-    [(4, 4, 16), (6, 2, 32), (16, 1, 64), (9, 3, 64), (10, 2, 80), (32, 4, 128), (32, 32, 64), (16, 8, 128)],
-)
+    [(4, 4, 16), (6, 2, 32), (16, 1, 64), (9, 3, 64), (10, 2, 80), (18, 3, 48), (32, 4, 128), (32, 32, 64),
+     (16, 8, 128)],
+)  # fmt: skip
 def test_paged_attention_against_the_reference_and_torch(
     kernels: CpuKernels, pool_dtype: torch.dtype, heads: int, kv_heads: int, d: int
 ) -> None:
     g = torch.Generator().manual_seed(heads * d)
-    slots, lens = 600, [1, 37, 250]
+    slots, lens = 800, [1, 37, 250]
     batch = len(lens)
     pool = [torch.randn(slots, kv_heads, d, generator=g).to(pool_dtype) for _ in range(2)]
-    kv_slots = torch.stack([torch.randperm(slots, generator=g)[:256] for _ in lens])
+    # Distinct slots for all requests: two requests' new tokens at one slot would overwrite each other.
+    kv_slots = torch.randperm(slots, generator=g)[: batch * 256].view(batch, 256)
     kv_lens = torch.tensor(lens)
     out_slots = kv_slots[torch.arange(batch), kv_lens - 1]  # each new token is its request's last key
     q = torch.randn(batch, heads, d, generator=g)
@@ -399,7 +401,7 @@ def each_alone_and_batched(
 
 # (9, 3, 64) and (24, 8, 128): a group's shared chunks have at least 8 query rows per KV head (3 members x 3),
 # which take their keys and values staged in fp32 (paged_attention.c's attend_staged: from 8 rows with 512-bit
-# registers, from 4 with 256-bit ones), and a member alone does not.
+# registers, from 6 with 256-bit ones), and a member alone does not.
 # An fp32 pool takes fp32 products on every build (Intel's CPUs take them for bf16 pools too).
 @pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("heads, kv_heads, d", [(32, 32, 64), (16, 8, 128), (9, 3, 64), (24, 8, 128), (4, 4, 64)])

@@ -23,6 +23,8 @@ CASES = [  # (name, query heads, KV heads, head dim, layers, requests, keys each
     ("135M, one long prompt", 9, 3, 64, 30, 1, 2000, 0),
     ("1.7B shared-prefix burst", 32, 32, 64, 24, 16, 560, 512),
     ("1.7B random burst", 32, 32, 64, 24, 16, 288, 0),
+    ("4 query heads a KV head, 16 requests", 32, 8, 64, 24, 16, 500, 0),
+    ("8 query heads a KV head, 4 requests", 32, 4, 64, 24, 4, 1000, 0),
 ]
 
 

@@ -235,6 +235,13 @@ static const DotKeys dot_keys_of[QUERIES + 1] = {NULL, dot_keys_1, dot_keys_2, d
 static const DotKeys dot_keys_of[QUERIES + 1] = {NULL, dot_keys_1, dot_keys_2, dot_keys_3};
 #endif
 
+// The query rows the next call takes of `left` rows (dot_keys, add_block_values): at most QUERIES, the calls as
+// even as they can be. Four rows go as 2 and 2, not 3 and 1: a call for one row widens each key for it alone.
+static inline int64_t rows_at_once(int64_t left) {
+    const int64_t calls = (left + QUERIES - 1) / QUERIES;
+    return (left + calls - 1) / calls;
+}
+
 // sums[r * d + i ..] (query head r = h * group + a) += the weights of `keys` keys (weights[r * ck + u])
 // times their values, pool[rows[u] + h * d + i ..], for every KV head h of a row and `chunks` vectors
 // of dimensions from i: the keys' rows are read in order, each value vector loaded once for its query
@@ -291,7 +298,9 @@ static void add_values_tail(int64_t keys, int64_t chunks, const float *weights, 
 #define STAGED_KEY_FLOATS(d, widest) ((d) * (widest))
 #define STAGED_VALUE_FLOATS(d, widest) ((d) * (widest))
 #else
-#define STAGED_ROWS (QUERIES + 1)
+// From 2 calls' rows a head: one request of a model with 4 query heads a KV head ran 0.9x through the blocks
+// (docs/benchmarks/session50-amd/notes.md).
+#define STAGED_ROWS (2 * QUERIES)
 #define VALUE_BLOCK 16  // keys whose values attend_staged widens at once
 #define STAGED_KEY_FLOATS(d, widest) ((d) * KEYS)
 #define STAGED_VALUE_FLOATS(d, widest) ((d) * VALUE_BLOCK)
@@ -299,14 +308,22 @@ static void add_values_tail(int64_t keys, int64_t chunks, const float *weights, 
 
 #if !defined(KERNELS_AVX512)
 // dot_keys for `rows` query rows (d apart from q) with the KEYS staged fp32 keys at `keys` (d apart), into
-// out[r * out_stride ..]: one call for a block of keys, QUERIES rows at a time.
+// out[r * out_stride ..]: one call for a block of keys, up to QUERIES rows at a time (rows_at_once).
 static void dot_rows_block(const float *q, int64_t rows, const float *keys, int64_t d, float scale, float *out,
                            int64_t out_stride) {
     const int64_t at[KEYS] = {0, d, 2 * d, 3 * d};
-    int64_t r = 0;
-    for (; r + QUERIES <= rows; r += QUERIES)
-        dot_keys(QUERIES, q + r * d, keys, at, 0, d, 0, scale, out + r * out_stride, out_stride);
-    for (; r < rows; r++) dot_keys(1, q + r * d, keys, at, 0, d, 0, scale, out + r * out_stride, out_stride);
+    _Static_assert(QUERIES == 3, "dot_rows_block and add_values_rows name each row count");
+    for (int64_t r = 0, nq; r < rows; r += nq) {
+        nq = rows_at_once(rows - r);
+        const float *qr = q + r * d;
+        float *to = out + r * out_stride;
+        if (nq == 3)
+            dot_keys(3, qr, keys, at, 0, d, 0, scale, to, out_stride);
+        else if (nq == 2)
+            dot_keys(2, qr, keys, at, 0, d, 0, scale, to, out_stride);
+        else
+            dot_keys(1, qr, keys, at, 0, d, 0, scale, to, out_stride);
+    }
 }
 
 // sums[a * d ..] (a < nr, nc vectors of dimensions) += weights[a * ck + u] times values[u * d ..] (fp32, staged)
@@ -327,20 +344,21 @@ static inline __attribute__((always_inline)) void add_block_values(const int nr,
         for (int c = 0; c < nc; c++) vec_store(sums + a * d + c * WIDTH, acc[a][c]);
 }
 
-// sums[r * d ..] (r < rows) += the weights of the n staged keys (weights[r * ck + u]) times their values: QUERIES
-// rows and 4 vectors of dimensions at a time where there are as many.
+// sums[r * d ..] (r < rows) += the weights of the n staged keys (weights[r * ck + u]) times their values: up to
+// QUERIES rows (rows_at_once) and 4 vectors of dimensions at a time where there are as many.
 static void add_values_rows(const float *weights, int64_t ck, int64_t rows, const float *values, int64_t n, int64_t d,
                             float *sums) {
-    for (int64_t r = 0; r < rows; r += QUERIES) {
-        const int64_t nr = rows - r < QUERIES ? rows - r : QUERIES;
+    for (int64_t r = 0, nr; r < rows; r += nr) {
+        nr = rows_at_once(rows - r);
         const float *w = weights + r * ck;
         float *s = sums + r * d;
         for (int64_t i = 0; i + 4 * WIDTH <= d; i += 4 * WIDTH) {
-            if (nr == QUERIES) {
-                add_block_values(QUERIES, 4, w, ck, values + i, n, d, s + i);
-                continue;
-            }
-            for (int64_t a = 0; a < nr; a++) add_block_values(1, 4, w + a * ck, ck, values + i, n, d, s + a * d + i);
+            if (nr == 3)
+                add_block_values(3, 4, w, ck, values + i, n, d, s + i);
+            else if (nr == 2)
+                add_block_values(2, 4, w, ck, values + i, n, d, s + i);
+            else
+                add_block_values(1, 4, w, ck, values + i, n, d, s + i);
         }
         for (int64_t i = d / (4 * WIDTH) * (4 * WIDTH); i < d; i += WIDTH)
             for (int64_t a = 0; a < nr; a++) add_block_values(1, 1, w + a * ck, ck, values + i, n, d, s + a * d + i);
@@ -766,8 +784,8 @@ static void attend_fp32(const Task *t, const float *q, int kv_bf16, const Buffer
                 prefetch_kv(t->k_pool, rows[w] + h * d, d, kv_bf16);
                 prefetch_kv(t->v_pool, rows[w] + h * d, d, kv_bf16);
             }
-            for (int64_t g = 0; g < rows_per_head; g += QUERIES) {
-                const int64_t nq = rows_per_head - g < QUERIES ? rows_per_head - g : QUERIES;
+            for (int64_t g = 0, nq; g < rows_per_head; g += nq) {
+                nq = rows_at_once(rows_per_head - g);
                 const int64_t r = h * rows_per_head + g;
                 dot_keys_of[nq](q + r * d, t->k_pool, rows + j, h * d, d, kv_bf16, t->scale, scores + r * ck + j, ck);
             }
