@@ -11,7 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from benchmarks.machine import load_average
+from minisgl.kernels.native import CpuKernels
+from minisgl.layers.quant import QuantizedWeight
 from minisgl.llm import LLM
+from minisgl.models.decoder import DecoderForCausalLM
 from minisgl.sampling import SamplingParams
 
 Ids = Callable[[int], list[int]]  # n random ids
@@ -37,6 +40,17 @@ def shared_prefixes(ids: Ids) -> list[list[int]]:
 def long_prompt(ids: Ids) -> list[list[int]]:
     """One prompt of 2,000 ids."""
     return [ids(2000)]
+
+
+def swap_kernels(model: DecoderForCausalLM, kernels: CpuKernels) -> None:
+    """``kernels`` wherever the model runs them, its products' bindings and fused decoder made anew: a setup that
+    puts one build of the kernels in place (prefill attention stays on the engine's build; the fused decode step's
+    attention is the build's own)."""
+    model.use_kernels(kernels)
+    for module in model.modules():
+        if isinstance(module, QuantizedWeight):
+            module.__dict__.pop("c_matmul", None)
+    model.__dict__.pop("_fused_decoder", None)
 
 
 def compare_bursts(llm: LLM, setups: dict[str, Callable[[], None]], bursts: list[Burst], pairs: int) -> None:

@@ -1,7 +1,7 @@
 """Session 47: whole offline bursts on the default model with an earlier commit's kernel build against the
 working tree's, in one process (``benchmarks.many_rows.builds_to_compare``): the model's kernels are swapped
-before each burst (its norms, its quantized weights' products and its fused decode step; attention stays on
-the working tree's build, so the A/B is meaningful for changes to the products and norms only). Bursts of
+before each burst (``benchmarks.bursts_ab.swap_kernels``: its norms, its quantized weights' products and its fused
+decode step, decode attention included; prefill attention stays on the working tree's build). Bursts of
 random ids, caches emptied before each: 16 prompts of 256 tokens; 4 system prompts of 512 with 8 questions of
 32 each; 32 tokens out. ``--pairs`` pairs, alternating which build goes first.
 
@@ -12,21 +12,10 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks.bursts_ab import Burst, compare_bursts, random_prompts, shared_prefixes
+from benchmarks.bursts_ab import Burst, compare_bursts, random_prompts, shared_prefixes, swap_kernels
 from benchmarks.many_rows import builds_to_compare
-from minisgl.kernels.native import CpuKernels
-from minisgl.layers.quant import QuantizedWeight
 from minisgl.llm import LLM
 from minisgl.models.decoder import DecoderForCausalLM
-
-
-def swap_kernels(model: DecoderForCausalLM, kernels: CpuKernels) -> None:
-    """``kernels`` wherever the model runs them, its products' bindings and fused decoder made anew."""
-    model.use_kernels(kernels)
-    for module in model.modules():
-        if isinstance(module, QuantizedWeight):
-            module.__dict__.pop("c_matmul", None)
-    model.__dict__.pop("_fused_decoder", None)
 
 
 def main() -> None:

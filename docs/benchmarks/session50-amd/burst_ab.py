@@ -1,7 +1,6 @@
 """Session 50: whole offline bursts on the default model with an earlier commit's kernel build against the working
-tree's, in one process, the model's kernels swapped before each burst (``session47-amd/burst_ab.py``'s
-``swap_kernels``: its fused decode step, whose decode attention is the build's own, so decode steps run each
-build's attention). Bursts of random ids, caches emptied before each: one system prompt of 512 with 16 questions of
+tree's, in one process, the model's kernels swapped before each burst (``benchmarks.bursts_ab.swap_kernels``: with
+its fused decode step, whose decode attention is the build's own, so decode steps run each build's attention). Bursts of random ids, caches emptied before each: one system prompt of 512 with 16 questions of
 32 (``benchmarks.paired --groups 1 --prompts-per-group 16``'s shape) and 16 prompts of 256; 32 tokens out.
 ``--pairs`` pairs, alternating which build goes first.
 
@@ -10,20 +9,12 @@ build's attention). Bursts of random ids, caches emptied before each: one system
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
-from benchmarks.bursts_ab import Burst, Ids, compare_bursts, random_prompts
+from benchmarks.bursts_ab import Burst, Ids, compare_bursts, random_prompts, swap_kernels
 from benchmarks.many_rows import builds_to_compare
 from minisgl.llm import LLM
 from minisgl.models.decoder import DecoderForCausalLM
-
-_spec = importlib.util.spec_from_file_location("burst_ab47", Path(__file__).parents[1] / "session47-amd/burst_ab.py")
-assert _spec is not None and _spec.loader is not None
-_session47 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_session47)
-swap_kernels = _session47.swap_kernels
 
 
 def one_system_prompt(ids: Ids) -> list[list[int]]:
