@@ -235,12 +235,19 @@ static const DotKeys dot_keys_of[QUERIES + 1] = {NULL, dot_keys_1, dot_keys_2, d
 static const DotKeys dot_keys_of[QUERIES + 1] = {NULL, dot_keys_1, dot_keys_2, dot_keys_3};
 #endif
 
-// The query rows the next call takes of `left` rows (dot_keys, add_block_values): at most QUERIES, the calls as
-// even as they can be. Four rows go as 2 and 2, not 3 and 1: a call for one row widens each key for it alone.
-static inline int64_t rows_at_once(int64_t left) {
-    const int64_t calls = (left + QUERIES - 1) / QUERIES;
-    return (left + calls - 1) / calls;
+// A task's query rows per KV head cut into calls of at most QUERIES rows (dot_keys, add_block_values), as even as
+// they go: the first `longer` calls take base + 1 rows, the others base. Four rows go as 2 and 2, not 3 and 1: a
+// call for one row widens each key for it alone. Made once a task, outside its loops over the keys.
+typedef struct {
+    int64_t calls, base, longer;
+} RowSplit;
+
+static inline RowSplit split_rows(int64_t rows) {
+    const int64_t calls = (rows + QUERIES - 1) / QUERIES;
+    return (RowSplit){calls, rows / calls, rows % calls};
 }
+
+static inline int64_t call_rows(RowSplit split, int64_t call) { return split.base + (call < split.longer); }
 
 // sums[r * d + i ..] (query head r = h * group + a) += the weights of `keys` keys (weights[r * ck + u])
 // times their values, pool[rows[u] + h * d + i ..], for every KV head h of a row and `chunks` vectors
@@ -306,15 +313,26 @@ static void add_values_tail(int64_t keys, int64_t chunks, const float *weights, 
 #define STAGED_VALUE_FLOATS(d, widest) ((d) * VALUE_BLOCK)
 #endif
 
+// Head h's d values of the n rows (pool element offsets rows[j]) as fp32, n x d from `to`. The first head's
+// pass asks for the keys ahead whole (`heads` x d values), so that the rows come in in order and the
+// passes over the other heads find them in L2.
+static void stage_head(const void *pool, const int64_t *rows, int64_t n, int64_t h, int64_t heads, int64_t d,
+                       int bf16, float *to) {
+    for (int64_t j = 0; j < n; j++) {
+        if (h == 0 && j + AHEAD < n) prefetch_kv(pool, rows[j + AHEAD], heads * d, bf16);
+        for (int64_t i = 0; i < d; i += WIDTH) vec_store(to + j * d + i, load_kv(pool, rows[j] + h * d + i, bf16));
+    }
+}
+
 #if !defined(KERNELS_AVX512)
-// dot_keys for `rows` query rows (d apart from q) with the KEYS staged fp32 keys at `keys` (d apart), into
-// out[r * out_stride ..]: one call for a block of keys, up to QUERIES rows at a time (rows_at_once).
-static void dot_rows_block(const float *q, int64_t rows, const float *keys, int64_t d, float scale, float *out,
+// dot_keys for a task's query rows of a head (d apart from q, cut into calls by `split`) with the KEYS staged fp32
+// keys at `keys` (d apart), into out[r * out_stride ..]: one call for a block of keys.
+static void dot_rows_block(const float *q, RowSplit split, const float *keys, int64_t d, float scale, float *out,
                            int64_t out_stride) {
     const int64_t at[KEYS] = {0, d, 2 * d, 3 * d};
     _Static_assert(QUERIES == 3, "dot_rows_block and add_values_rows name each row count");
-    for (int64_t r = 0, nq; r < rows; r += nq) {
-        nq = rows_at_once(rows - r);
+    for (int64_t c = 0, r = 0, nq; c < split.calls; c++, r += nq) {
+        nq = call_rows(split, c);
         const float *qr = q + r * d;
         float *to = out + r * out_stride;
         if (nq == 3)
@@ -344,12 +362,12 @@ static inline __attribute__((always_inline)) void add_block_values(const int nr,
         for (int c = 0; c < nc; c++) vec_store(sums + a * d + c * WIDTH, acc[a][c]);
 }
 
-// sums[r * d ..] (r < rows) += the weights of the n staged keys (weights[r * ck + u]) times their values: up to
-// QUERIES rows (rows_at_once) and 4 vectors of dimensions at a time where there are as many.
-static void add_values_rows(const float *weights, int64_t ck, int64_t rows, const float *values, int64_t n, int64_t d,
-                            float *sums) {
-    for (int64_t r = 0, nr; r < rows; r += nr) {
-        nr = rows_at_once(rows - r);
+// sums[r * d ..] (a task's rows of a head, cut into calls by `split`) += the weights of the n staged keys
+// (weights[r * ck + u]) times their values, 4 vectors of dimensions at a time where there are as many.
+static void add_values_rows(const float *weights, int64_t ck, RowSplit split, const float *values, int64_t n,
+                            int64_t d, float *sums) {
+    for (int64_t c = 0, r = 0, nr; c < split.calls; c++, r += nr) {
+        nr = call_rows(split, c);
         const float *w = weights + r * ck;
         float *s = sums + r * d;
         for (int64_t i = 0; i + 4 * WIDTH <= d; i += 4 * WIDTH) {
@@ -419,17 +437,6 @@ ADD_STAGED(3)
 ADD_STAGED(4)
 static const AddStaged add_staged_of[QUERIES + 1] = {NULL, add_staged_values_1, add_staged_values_2,
                                                      add_staged_values_3, add_staged_values_4};
-
-// Head h's d values of the n rows (pool element offsets rows[j]) as fp32, n x d from `to`. The first head's
-// pass asks for the keys ahead whole (`heads` x d values), so that the rows come in in order and the
-// passes over the other heads find them in L2.
-static void stage_head(const void *pool, const int64_t *rows, int64_t n, int64_t h, int64_t heads, int64_t d,
-                       int bf16, float *to) {
-    for (int64_t j = 0; j < n; j++) {
-        if (h == 0 && j + AHEAD < n) prefetch_kv(pool, rows[j + AHEAD], heads * d, bf16);
-        for (int64_t i = 0; i < d; i += WIDTH) vec_store(to + j * d + i, load_kv(pool, rows[j] + h * d + i, bf16));
-    }
-}
 
 // The bf16 products (bf16_products) on AVX-512 BF16: a task's queries rounded once into rows of
 // padded_dim(d) bf16 values (zeros past d), the keys dotted where they lie in the pool, 32 dimensions a
@@ -736,6 +743,7 @@ static void attend_staged(const Task *t, const float *q, int kv_bf16, const Buff
     const int64_t n = t->n, ck = t->ck, d = t->d, per_task = t->per_task, rows_per_head = t->rows_per_head;
     const int64_t keys = (n + KEYS - 1) / KEYS * KEYS, task_rows = per_task * rows_per_head;
     const int64_t *rows = t->rows;
+    const RowSplit split = split_rows(rows_per_head);
     float *scores = buf->scores, *staged = buf->staged_keys;
     for (int64_t j = 0; j < keys; j += KEYS) {
         for (int64_t h = 0; h < per_task; h++) {
@@ -743,11 +751,9 @@ static void attend_staged(const Task *t, const float *q, int kv_bf16, const Buff
                 prefetch_kv(t->k_pool, rows[w] + h * d, d, kv_bf16);
                 prefetch_kv(t->v_pool, rows[w] + h * d, d, kv_bf16);
             }
-            for (int64_t u = 0; u < KEYS; u++)
-                for (int64_t i = 0; i < d; i += WIDTH)
-                    vec_store(staged + u * d + i, load_kv(t->k_pool, rows[j + u] + h * d + i, kv_bf16));
+            stage_head(t->k_pool, rows + j, KEYS, h, per_task, d, kv_bf16, staged);
             const int64_t r = h * rows_per_head;
-            dot_rows_block(q + r * d, rows_per_head, staged, d, t->scale, scores + r * ck + j, ck);
+            dot_rows_block(q + r * d, split, staged, d, t->scale, scores + r * ck + j, ck);
         }
     }
     weigh_rows(scores, ck, 0, task_rows, n, t->top, t->total);
@@ -756,11 +762,9 @@ static void attend_staged(const Task *t, const float *q, int kv_bf16, const Buff
     for (int64_t j = 0; j < n; j += VALUE_BLOCK) {
         const int64_t block = n - j < VALUE_BLOCK ? n - j : VALUE_BLOCK;
         for (int64_t h = 0; h < per_task; h++) {
-            for (int64_t u = 0; u < block; u++)
-                for (int64_t i = 0; i < d; i += WIDTH)
-                    vec_store(staged + u * d + i, load_kv(t->v_pool, rows[j + u] + h * d + i, kv_bf16));
+            stage_head(t->v_pool, rows + j, block, h, per_task, d, kv_bf16, staged);
             const int64_t r = h * rows_per_head;
-            add_values_rows(scores + r * ck + j, ck, rows_per_head, staged, block, d, t->sums + r * d);
+            add_values_rows(scores + r * ck + j, ck, split, staged, block, d, t->sums + r * d);
         }
     }
 }
@@ -776,6 +780,7 @@ static void attend_fp32(const Task *t, const float *q, int kv_bf16, const Buffer
         attend_staged(t, q, kv_bf16, buf);
         return;
     }
+    const RowSplit split = split_rows(rows_per_head);
     // Keys: KEYS keys' rows, head after head. The keys AHEAD further are asked for a head at a time, spread
     // over the pass, with their values for the pass over them that follows.
     for (int64_t j = 0; j < keys; j += KEYS) {
@@ -784,8 +789,8 @@ static void attend_fp32(const Task *t, const float *q, int kv_bf16, const Buffer
                 prefetch_kv(t->k_pool, rows[w] + h * d, d, kv_bf16);
                 prefetch_kv(t->v_pool, rows[w] + h * d, d, kv_bf16);
             }
-            for (int64_t g = 0, nq; g < rows_per_head; g += nq) {
-                nq = rows_at_once(rows_per_head - g);
+            for (int64_t c = 0, g = 0, nq; c < split.calls; c++, g += nq) {
+                nq = call_rows(split, c);
                 const int64_t r = h * rows_per_head + g;
                 dot_keys_of[nq](q + r * d, t->k_pool, rows + j, h * d, d, kv_bf16, t->scale, scores + r * ck + j, ck);
             }
