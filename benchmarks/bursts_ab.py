@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from benchmarks.machine import load_average
+from benchmarks.many_rows import builds_to_compare
 from minisgl.kernels.native import CpuKernels
 from minisgl.layers.quant import QuantizedWeight
 from minisgl.llm import LLM
@@ -83,3 +85,28 @@ def compare_bursts(llm: LLM, setups: dict[str, Callable[[], None]], bursts: list
         print(f"| {burst.name} | {statistics.median(before):.3f} | {statistics.median(after):.3f} "
               f"| {statistics.median(before) / statistics.median(after):.3f}x | {paired:.3f}x |")  # fmt: skip
     print(f"# load average at end: {load_average()}")
+
+
+def pairs_from_argv(default: int) -> int:
+    """``--pairs N`` taken out of ``sys.argv`` (what is left is ``builds_to_compare``'s), or ``default``."""
+    if "--pairs" not in sys.argv:
+        return default
+    at = sys.argv.index("--pairs")
+    pairs = int(sys.argv[at + 1])
+    del sys.argv[at : at + 2]
+    return pairs
+
+
+def compare_builds(doc: str, bursts: list[Burst]) -> None:
+    """A build A/B script's body (``doc``: its help): ``--pairs`` (8 by default) and ``builds_to_compare``'s
+    arguments parsed, the default model loaded, and ``bursts`` compared with the commit's kernel build and the
+    working tree's, swapped in before each burst (``swap_kernels``)."""
+    pairs = pairs_from_argv(8)
+    base, new = builds_to_compare(doc)
+    llm = LLM()
+    model = llm.scheduler.runner.engine.model
+    assert isinstance(model, DecoderForCausalLM)
+    compare_bursts(
+        llm, {"base": lambda: swap_kernels(model, base), "new": lambda: swap_kernels(model, new)}, bursts, pairs
+    )
+    llm.shutdown()

@@ -9,19 +9,13 @@ of 256 tokens; 4 system prompts of 512 with 8 questions of 32 each, 32 tokens ou
 
 from __future__ import annotations
 
-import sys
-
-from benchmarks.bursts_ab import Burst, compare_bursts, random_prompts, shared_prefixes
+from benchmarks.bursts_ab import Burst, compare_bursts, pairs_from_argv, random_prompts, shared_prefixes
 from benchmarks.many_rows import builds_to_compare
 from minisgl.llm import LLM
 
 
 def main() -> None:
-    pairs = 8
-    if "--pairs" in sys.argv:
-        at = sys.argv.index("--pairs")
-        pairs = int(sys.argv[at + 1])
-        del sys.argv[at : at + 2]
+    pairs = pairs_from_argv(8)
     base, new = builds_to_compare(__doc__)
     llm = LLM()
     model = llm.scheduler.runner.engine.model

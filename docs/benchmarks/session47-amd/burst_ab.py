@@ -10,28 +10,7 @@ random ids, caches emptied before each: 16 prompts of 256 tokens; 4 system promp
 
 from __future__ import annotations
 
-import sys
-
-from benchmarks.bursts_ab import Burst, compare_bursts, random_prompts, shared_prefixes, swap_kernels
-from benchmarks.many_rows import builds_to_compare
-from minisgl.llm import LLM
-from minisgl.models.decoder import DecoderForCausalLM
-
-
-def main() -> None:
-    pairs = 8
-    if "--pairs" in sys.argv:
-        at = sys.argv.index("--pairs")
-        pairs = int(sys.argv[at + 1])
-        del sys.argv[at : at + 2]
-    base, new = builds_to_compare(__doc__)
-    llm = LLM()
-    model = llm.scheduler.runner.engine.model
-    assert isinstance(model, DecoderForCausalLM)
-    setups = {"base": lambda: swap_kernels(model, base), "new": lambda: swap_kernels(model, new)}
-    compare_bursts(llm, setups, [Burst("random", random_prompts), Burst("shared prefix", shared_prefixes)], pairs)
-    llm.shutdown()
-
+from benchmarks.bursts_ab import Burst, compare_builds, random_prompts, shared_prefixes
 
 if __name__ == "__main__":
-    main()
+    compare_builds(__doc__, [Burst("random", random_prompts), Burst("shared prefix", shared_prefixes)])

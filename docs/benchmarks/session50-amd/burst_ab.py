@@ -9,12 +9,7 @@ its fused decode step, whose decode attention is the build's own, so decode step
 
 from __future__ import annotations
 
-import sys
-
-from benchmarks.bursts_ab import Burst, Ids, compare_bursts, random_prompts, swap_kernels
-from benchmarks.many_rows import builds_to_compare
-from minisgl.llm import LLM
-from minisgl.models.decoder import DecoderForCausalLM
+from benchmarks.bursts_ab import Burst, Ids, compare_builds, random_prompts
 
 
 def one_system_prompt(ids: Ids) -> list[list[int]]:
@@ -23,21 +18,5 @@ def one_system_prompt(ids: Ids) -> list[list[int]]:
     return [system + ids(32) for _ in range(16)]
 
 
-def main() -> None:
-    pairs = 8
-    if "--pairs" in sys.argv:
-        at = sys.argv.index("--pairs")
-        pairs = int(sys.argv[at + 1])
-        del sys.argv[at : at + 2]
-    base, new = builds_to_compare(__doc__)
-    llm = LLM()
-    model = llm.scheduler.runner.engine.model
-    assert isinstance(model, DecoderForCausalLM)
-    setups = {"base": lambda: swap_kernels(model, base), "new": lambda: swap_kernels(model, new)}
-    bursts = [Burst("shared prefix, 16 questions", one_system_prompt), Burst("random", random_prompts)]
-    compare_bursts(llm, setups, bursts, pairs)
-    llm.shutdown()
-
-
 if __name__ == "__main__":
-    main()
+    compare_builds(__doc__, [Burst("shared prefix, 16 questions", one_system_prompt), Burst("random", random_prompts)])
