@@ -167,9 +167,10 @@ def test_int4_product_is_its_reference_bit_for_bit(kernels: CpuKernels, n: int, 
     buffers = (weight.codes, weight.scale, weight.minimum, n, digits)
     simd, reference = kernels.int4(*buffers), kernels.int4(*buffers, reference=True)
     other_digits = kernels.int4(*buffers[:4], 3 - digits)
-    # Register tiles of 8 rows of x and remainders; from 9 rows on, the amx build's tile products, 16 rows of
-    # x at a time (17, 70: full blocks and a part-filled one).
-    for rows in (1, 2, 5, 8, 9, 17, 70):
+    # Register tiles of 8 rows of x and remainders; from 9 rows on, the avx2 build's whole tiles with one digit,
+    # 4 rows of x at a time (9, 11, 17, 70: 1, 3, 1 and 2 left over), and the amx build's tile products, 16 rows
+    # of x at a time (17, 70: full blocks and a part-filled one).
+    for rows in (1, 2, 5, 8, 9, 11, 17, 70):
         x = torch.randn(rows, k, generator=g) * 3
         y = simd(x)
         assert y.shape == (rows, n)
@@ -213,14 +214,15 @@ def test_largest_int8_values_stay_inside_the_int32_sums(kernels: CpuKernels) -> 
     torch.testing.assert_close(weight(x), expected, rtol=1e-5, atol=1e-5)  # an overflow: far off
 
 
-def test_largest_int4_values_stay_inside_the_int16_sums(kernels: CpuKernels) -> None:
+@pytest.mark.parametrize("digits", [1, 2])
+def test_largest_int4_values_stay_inside_the_int16_sums(kernels: CpuKernels, digits: int) -> None:
     """Every code at 15 and x at its largest digits: AVX2's int16 sums of a group at their bound."""
     k, n = 4096, 3
     codes = torch.full((n, k), 15, dtype=torch.uint8)
     weight = Int4Weight.from_codes(codes, torch.ones(n, k // 32), torch.zeros(n, k // 32))
-    x = torch.cat([torch.ones(1, k), -torch.ones(1, k), torch.full((1, k), 0.7)]).repeat(4, 1)
-    y = kernels.int4(weight.codes, weight.scale, weight.minimum, n, digits=2)(x)
-    torch.testing.assert_close(y, rounded_per_group(x, 2) @ weight.dequantize().T, rtol=1e-5, atol=1e-5)
+    x = torch.cat([torch.ones(1, k), -torch.ones(1, k), torch.full((1, k), 0.7)]).repeat(4, 1)  # 12: tiles too
+    y = kernels.int4(weight.codes, weight.scale, weight.minimum, n, digits=digits)(x)
+    torch.testing.assert_close(y, rounded_per_group(x, digits) @ weight.dequantize().T, rtol=1e-5, atol=1e-5)
 
 
 # Prefill rows in bf16 on the tile unit (bf16_gemm.c): spans of K and blocks of 32 rows and 32 outputs, with

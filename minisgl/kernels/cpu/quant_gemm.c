@@ -20,7 +20,8 @@
 // signed: int8 codes go in offset by 128, taken back out with the digits' sum) before the one
 // conversion that applies the group's step.
 // With AVX2 alone: int4 codes by the digits in int16 pairs (vpmaddubsw), a group's summed in int16
-// (at most 16 x 15 x 127), widened once per digit (vpmaddwd); int8 codes widened to int16 and
+// (at most 16 x 15 x 127), widened once per digit (vpmaddwd), more than GEMM_ROWS rows of x with one digit
+// against both vectors of a tile at once (whole_tile, below); int8 codes widened to int16 and
 // multiplied by both digits at once as one int16, q (below; vpmaddwd).
 //
 // Arithmetic, the same in the references and in every SIMD body, bit for bit, and for a row of x the
@@ -362,6 +363,24 @@ static inline Rows rows_of(int bits, const void *codes, const void *scale, const
     return rows;
 }
 
+// A vector of outputs at y of which `live` lanes are rows: read with the pad as zeros, written without it.
+static inline VecF load_outputs(const float *y, int64_t live) {
+    if (live == V) return load_ps(y);
+    float lanes[V] = {0};
+    memcpy(lanes, y, sizeof(float) * (size_t)live);
+    return load_ps(lanes);
+}
+
+static inline void store_outputs(float *y, int64_t live, VecF v) {
+    if (live == V) {
+        store_ps(y, v);
+        return;
+    }
+    float lanes[V];
+    store_ps(lanes, v);
+    memcpy(y, lanes, sizeof(float) * (size_t)live);
+}
+
 // Block b's tiles of `blocks` over `tiles` tiles, [*t0, *t1): the blocks differ by one tile at most, so that threads
 // given as many blocks each get as many tiles, give or take one a block.
 static inline void tiles_of_block(int64_t b, int64_t blocks, int64_t tiles, int64_t *t0, int64_t *t1) {
@@ -478,15 +497,7 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
     // which costs most where the core issues vpdpbusd fastest (docs/benchmarks/session47-amd/unroll_ab.py).
     _Static_assert(GEMM_ROWS == 8, "gemm_tile's unroll pragmas name GEMM_ROWS");
 #pragma GCC unroll 8
-    for (int64_t r = 0; r < R; r++) {
-        if (g0 == 0) {
-            acc[r] = zero_ps();
-        } else {
-            float lanes[V] = {0};
-            memcpy(lanes, y + (r0 + r) * N + w->o0, sizeof(float) * (size_t)w->live);
-            acc[r] = load_ps(lanes);
-        }
-    }
+    for (int64_t r = 0; r < R; r++) acc[r] = g0 == 0 ? zero_ps() : load_outputs(y + (r0 + r) * N + w->o0, w->live);
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *codes = w->codes + g * group_bytes;
         for (int64_t line = 0; line < group_bytes; line += 64)
@@ -539,14 +550,7 @@ static inline __attribute__((always_inline)) void gemm_tile(const int64_t R, con
 #pragma GCC unroll 8
     for (int64_t r = 0; r < R; r++) {
         if (BITS == 8 && g1 == groups) acc[r] = mul_ps(acc[r], row_scale);
-        float *out = y + (r0 + r) * N + w->o0;
-        if (w->live == V) {
-            store_ps(out, acc[r]);
-        } else {
-            float lanes[V];
-            store_ps(lanes, acc[r]);
-            memcpy(out, lanes, sizeof(float) * (size_t)w->live);
-        }
+        store_outputs(y + (r0 + r) * N + w->o0, w->live, acc[r]);
     }
 }
 
@@ -573,6 +577,125 @@ GEMM_TILES(4, 1)
 GEMM_TILES(4, 2)
 GEMM_TILES(8, 1)
 GEMM_TILES(8, 2)
+
+#if defined(WIDE_DOTS)
+// Plain AVX2, int4 codes with one digit, more than GEMM_ROWS rows of x (gemm_unpacked): per block and span, its
+// tiles' codes are unpacked to bytes once (unpack_codes), and whole_tile runs WHOLE_ROWS rows of x against both
+// vectors of a tile at once, each broadcast of x's 4 bytes serving both. gemm_tile broadcasts x for each vector and
+// unpacks the nibbles for each register tile: a third of its loop's vector uops
+// (docs/benchmarks/session51-amd/notes.md).
+#define WHOLE_ROWS 4  // rows of x per whole_tile: their 8 int16 sums, 2 unpacked vectors and x's broadcast in registers
+#define UNPACKED 16   // vectors per group of a tile unpacked: per piece i < 4, its low nibbles (columns 4i ..) for
+                      // both vectors of rows, then its high ones (columns 16 + 4i ..)
+
+// The codes of a tile's two vectors of rows `w` over groups g0 .. g1 as bytes, UNPACKED vectors a group.
+static void unpack_codes(const Rows w[2], int64_t g0, int64_t g1, VecI *out) {
+    const int64_t group_bytes = 4 * 4 * TILE;
+    const VecI nibble = set1_8(0x0F);
+    for (int64_t g = g0; g < g1; g++, out += UNPACKED)
+        for (int64_t i = 0; i < 4; i++)
+            for (int h = 0; h < 2; h++) {
+                const VecI v = load_si(w[h].codes + g * group_bytes + i * 4 * TILE);
+                out[4 * i + h] = and_si(v, nibble);
+                out[4 * i + 2 + h] = and_si(srli_16(v, 4), nibble);
+            }
+}
+
+// R rows of x (at most WHOLE_ROWS, a compile-time constant) from r0 against a tile's two vectors of rows `w`, over
+// groups g0 .. g1 of its codes unpacked from g0 on (`unpacked`): each vector's sums as gemm_tile's, the same bits.
+static inline __attribute__((always_inline)) void whole_tile(const int64_t R, int64_t K, const Rows w[2],
+                                                             const VecI *unpacked, const RoundedX *x, int64_t r0,
+                                                             int64_t g0, int64_t g1, int64_t N, float *y) {
+    const int64_t groups = K / GROUP;
+    const VecI ones = _mm256_set1_epi16(1);
+    VecF acc[WHOLE_ROWS][2];
+#pragma GCC unroll 4
+    for (int64_t r = 0; r < R; r++)
+        for (int h = 0; h < 2; h++)
+            acc[r][h] = g0 == 0 || w[h].live <= 0 ? zero_ps() : load_outputs(y + (r0 + r) * N + w[h].o0, w[h].live);
+    for (int64_t g = g0; g < g1; g++, unpacked += UNPACKED) {
+        VecI sums[WHOLE_ROWS][2];  // int16 pairs, as int4_digit_dot's
+#pragma GCC unroll 4
+        for (int64_t r = 0; r < R; r++) sums[r][0] = sums[r][1] = zero_si();
+#pragma GCC unroll 8
+        for (int64_t piece = 0; piece < 8; piece++) {  // columns 4 piece on: the low nibbles, then the high ones
+            const int64_t i = piece % 4, high = piece / 4;
+            const VecI codes0 = load_si(unpacked + 4 * i + 2 * high), codes1 = load_si(unpacked + 4 * i + 2 * high + 1);
+#pragma GCC unroll 4
+            for (int64_t r = 0; r < R; r++) {
+                const VecI xs = set1_32(quad_of(x->codes + (r0 + r) * K + g * GROUP + 4 * piece));
+                sums[r][0] = _mm256_add_epi16(sums[r][0], _mm256_maddubs_epi16(codes0, xs));
+                sums[r][1] = _mm256_add_epi16(sums[r][1], _mm256_maddubs_epi16(codes1, xs));
+                // Each sum one chain: GCC otherwise takes all 64 products first and spills them to the stack.
+                __asm__("" : "+x"(sums[r][0]), "+x"(sums[r][1]));
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            const VecF s = load_ph(w[h].scale + g * TILE), m = load_ph(w[h].minimum + g * TILE);
+#pragma GCC unroll 4
+            for (int64_t r = 0; r < R; r++) {
+                const VecI dot = _mm256_madd_epi16(sums[r][h], ones);
+                acc[r][h] = group_sum(4, acc[r][h], dot, s, m, x, (r0 + r) * groups + g);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int64_t r = 0; r < R; r++)
+        for (int h = 0; h < 2; h++)
+            if (w[h].live > 0) store_outputs(y + (r0 + r) * N + w[h].o0, w[h].live, acc[r][h]);
+}
+
+typedef void (*WholeTileFn)(int64_t, const Rows *, const VecI *, const RoundedX *, int64_t, int64_t, int64_t, int64_t,
+                            float *);
+#define WHOLE_TILE(R)                                                                                          \
+    static void whole_tile_##R(int64_t K, const Rows *w, const VecI *unpacked, const RoundedX *x, int64_t r0, \
+                               int64_t g0, int64_t g1, int64_t N, float *y) {                                  \
+        whole_tile(R, K, w, unpacked, x, r0, g0, g1, N, y);                                                    \
+    }
+WHOLE_TILE(1)
+WHOLE_TILE(2)
+WHOLE_TILE(3)
+WHOLE_TILE(4)
+static const WholeTileFn whole_tiles[WHOLE_ROWS + 1] = {NULL, whole_tile_1, whole_tile_2, whole_tile_3, whole_tile_4};
+
+// gemm_rounded's many rows for int4 codes with one digit (above): the blocks split over the threads as there.
+static int gemm_unpacked(const RoundedX *x, int64_t rows, int64_t K, const uint8_t *codes, const uint16_t *scale,
+                         const uint16_t *minimum, int64_t N, float *y, int64_t blocks, int threads) {
+    const int64_t groups = K / GROUP, tiles = (N + TILE - 1) / TILE;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        static _Thread_local Scratch scratch;  // a block's span of codes unpacked
+        VecI *unpacked = scratch_reserve(&scratch, sizeof(VecI) * UNPACKED * BLOCK_TILES * SPAN);
+        if (unpacked == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            if (unpacked == NULL) continue;
+            int64_t t0, t1;
+            tiles_of_block(b, blocks, tiles, &t0, &t1);
+            for (int64_t g0 = 0; g0 < groups; g0 += SPAN) {
+                const int64_t g1 = min64(g0 + SPAN, groups);
+                for (int64_t t = t0; t < t1; t++) {
+                    const Rows w[2] = {rows_of(4, codes, scale, minimum, groups, N, t, 0),
+                                       rows_of(4, codes, scale, minimum, groups, N, t, 1)};
+                    unpack_codes(w, g0, g1, unpacked + (t - t0) * UNPACKED * SPAN);
+                }
+                for (int64_t r0 = 0; r0 < rows; r0 += WHOLE_ROWS)
+                    for (int64_t t = t0; t < t1; t++) {
+                        const Rows w[2] = {rows_of(4, codes, scale, minimum, groups, N, t, 0),
+                                           rows_of(4, codes, scale, minimum, groups, N, t, 1)};
+                        whole_tiles[min64(WHOLE_ROWS, rows - r0)](K, w, unpacked + (t - t0) * UNPACKED * SPAN, x,
+                                                                  r0, g0, g1, N, y);
+                    }
+            }
+        }
+    }
+    return failed ? KERNELS_NO_MEMORY : KERNELS_OK;
+}
+#endif
 
 #if defined(KERNELS_AMX)
 // Batches of more than GEMM_ROWS rows on the tile unit (AMX-INT8): per tile of 16 outputs, block of 16 rows
@@ -830,6 +953,9 @@ static int gemm_rounded(int bits, RoundedX xr, int digits, int64_t rows, int64_t
         }
         return KERNELS_OK;
     }
+#if defined(WIDE_DOTS)
+    if (bits == 4 && digits == 1) return gemm_unpacked(&xr, rows, K, codes, scale, minimum, N, y, blocks, threads);
+#endif
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
         int64_t t0, t1;
