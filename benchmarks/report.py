@@ -185,8 +185,10 @@ def markdown(report: dict[str, Any], figures: list[str]) -> str:
             seen["rss"] = max(seen["rss"], r["extra"]["server_peak_rss_bytes"] or 0)
     if servers:
         lines += [
-            "## Servers (*ready*: start to healthy plus the warm-up requests; *peak memory*: the highest resident "
-            "set of each of the server's processes, summed, over the whole run)",
+            (
+                "## Servers (*ready*: start to healthy plus the warm-up requests; *peak memory*: the highest resident "
+                "set of each of the server's processes, summed, over the whole run)"
+            ),
             "",
         ]
         rows = [[name, _num(s["ready_s"]), _num(s["rss"] / 2**30, 2)] for name, s in servers.items()]

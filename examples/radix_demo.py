@@ -23,7 +23,7 @@ def tree_by_hand() -> None:
 
     def insert(tokens: list[int]) -> None:
         ids = torch.tensor(tokens)
-        cached, handle = cache.insert_prefix(ids, torch.tensor([next(slots) for _ in tokens]))
+        cached, _ = cache.insert_prefix(ids, torch.tensor([next(slots) for _ in tokens]))
         print(f"insert {tokens}: {cached} tokens were already cached")
 
     insert([1, 2, 3, 4, 5, 6])

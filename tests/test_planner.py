@@ -3,8 +3,8 @@ admitted the planner does not order the queue (which matches every waiting promp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -35,14 +35,17 @@ def test_full_rows_skip_the_prefix_match_and_plans_move_nothing(tiny: Path, monk
     assert sched.running == reqs[:2] and list(sched.waiting) == reqs[2:]
     matches = 0
     cache = sched.cache_manager.cache
-    for name in ("match_prefix", "match_len"):  # the lookup that admits, and the peek that ranks
 
-        def counting(*args: object, original: Any = getattr(cache, name), **kwargs: object) -> object:
+    def counting(original: Callable[..., object]) -> Callable[..., object]:
+        def count(*args: object, **kwargs: object) -> object:
             nonlocal matches
             matches += 1
             return original(*args, **kwargs)
 
-        monkeypatch.setattr(cache, name, counting)
+        return count
+
+    for name in ("match_prefix", "match_len"):  # the lookup that admits, and the peek that ranks
+        monkeypatch.setattr(cache, name, counting(getattr(cache, name)))
     plan = sched.planner.plan(sched.waiting, sched.running)
     assert (plan.reqs, plan.lens, plan.admitted) == ([], [], [])
     assert list(sched.waiting) == reqs[2:]  # planning moved nothing

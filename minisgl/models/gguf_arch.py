@@ -46,9 +46,13 @@ ARCHS: dict[str, GGUFArch] = {
     "qwen3": GGUFArch("Qwen3ForCausalLM", "qwen3", permute_qk=False, qk_norm=True),
     "qwen3moe": GGUFArch("Qwen3MoeForCausalLM", "qwen3_moe", permute_qk=False, qk_norm=True, moe=True),
     "gemma3": GGUFArch(
-        "Gemma3ForCausalLM", "gemma3_text", permute_qk=False, qk_norm=True, gemma_norms=True,
+        "Gemma3ForCausalLM",
+        "gemma3_text",
+        permute_qk=False,
+        qk_norm=True,
+        gemma_norms=True,
         end_of_turn="<end_of_turn>",
-    ),  # fmt: skip
+    ),
 }
 
 GLOBAL_TENSORS: dict[str, str] = {

@@ -5,12 +5,19 @@
 # random 64-token prompts, 32 tokens each, their prefill's time taken out), and the prefill of those 16 prompts.
 # python ab_arena.py MODEL ROUNDS walls: the paired benchmark's random workload, offline (16 random 256-token
 # prompts, 32 tokens each): its wall.
-import ctypes, mmap, sys, time, random, statistics
+import ctypes
+import mmap
+import random
+import statistics
+import sys
+import time
+
 import torch
-import minisgl.models.loader as loader
-from minisgl import LLM, SamplingParams
-from minisgl.layers.quant import QUANT_TILE, INT4_GROUP, Int4Weight, Int8Weight
+
 from benchmarks.scale_model import resolve_scale_model
+from minisgl import LLM, SamplingParams
+from minisgl.layers.quant import INT4_GROUP, QUANT_TILE, Int4Weight, Int8Weight
+from minisgl.models import loader
 
 libc = ctypes.CDLL("libc.so.6")
 def advise(t):  # session 24's minisgl.heap.advise_huge_pages
@@ -31,7 +38,7 @@ def empty8(cls, out_features, in_features):  # session 24's Int8Weight.empty
     return cls(codes, torch.zeros(tiles * QUANT_TILE), out_features, in_features)
 
 model = sys.argv[1]
-kwargs = dict(speculative_algorithm="none")
+kwargs = {"speculative_algorithm": "none"}
 def load():
     return LLM(**kwargs) if model == "default" else LLM(resolve_scale_model(model), **kwargs)
 arena, e4, e8 = loader.HugePageArena, Int4Weight.__dict__["empty"], Int8Weight.__dict__["empty"]
@@ -39,7 +46,8 @@ loader.HugePageArena, Int4Weight.empty, Int8Weight.empty = lambda: None, classme
 engines = {"per buffer": load()}
 loader.HugePageArena, Int4Weight.empty, Int8Weight.empty = arena, e4, e8
 engines["arena"] = load()
-print("AnonHugePages of the process:", [l.split()[1] for l in open("/proc/self/smaps_rollup") if "AnonHuge" in l][0], "kB")
+with open("/proc/self/smaps_rollup") as smaps:
+    print("AnonHugePages of the process:", next(l.split()[1] for l in smaps if "AnonHuge" in l), "kB")
 rng = random.Random(0)
 one = [rng.randrange(1000, 40000) for _ in range(64)]
 many = [[rng.randrange(1000, 40000) for _ in range(64)] for _ in range(16)]

@@ -1,9 +1,17 @@
 # Time to write 256 MiB into fresh memory: session 24's advice (a buffer advised on its own), a
 # minisgl.heap.huge_page_buffer (the arena's chunks), and plain 4 KiB pages; four rounds, all kept.
-import time, torch, ctypes, mmap
+import ctypes
+import mmap
+import time
+
+import torch
+
 from minisgl.heap import huge_page_buffer
+
 libc = ctypes.CDLL("libc.so.6")
-def anon(): return int([l.split()[1] for l in open("/proc/self/smaps_rollup") if "AnonHuge" in l][0]) // 1024
+def anon():
+    with open("/proc/self/smaps_rollup") as smaps:
+        return int(next(l.split()[1] for l in smaps if "AnonHuge" in l)) // 1024
 def head_style(n):
     t = torch.empty(n, dtype=torch.uint8); start = t.data_ptr() // 4096 * 4096
     libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(t.data_ptr() + n - start), mmap.MADV_HUGEPAGE); return t

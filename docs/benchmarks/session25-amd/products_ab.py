@@ -1,8 +1,16 @@
 # int4 GEMM at R rows on 1.7B shapes: weight buffers as session 24 (separate, advised if >= 4 MiB) vs in a HugePageArena; interleaved.
-import sys, time, ctypes, mmap, statistics, torch
+import ctypes
+import mmap
+import statistics
+import sys
+import time
+
+import torch
+
+from minisgl.heap import HugePageArena
 from minisgl.kernels.native import resolve_kernels
 from minisgl.layers.quant import Int4Weight
-from minisgl.heap import HugePageArena
+
 libc = ctypes.CDLL("libc.so.6")
 def advise(t):
     n = t.nbytes
