@@ -95,6 +95,21 @@ def race(calls: dict[str, Callable[[], object]], repeats: int = 1, rounds: int =
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+PRODUCTS_AB_HEADER = "| product | rows | base ms | new ms | speed-up | same bits |\n|---|---|---|---|---|---|"
+
+
+def race_products(
+    name: str, rows: int, before: Callable[[], torch.Tensor], after: Callable[[], torch.Tensor], repeats: int,
+    checks: int = 1,
+) -> None:  # fmt: skip
+    """One row of a build A/B's table (``PRODUCTS_AB_HEADER``) for a product of ``rows`` rows: the two builds'
+    calls (``before``, ``after``) checked equal bit for bit over ``checks`` calls each, then ``race``d, 9 rounds of
+    ``repeats`` calls."""
+    same = all(torch.equal(before(), after()) for _ in range(checks))
+    t = race({"base": before, "new": after}, repeats=repeats, rounds=9)
+    print(f"| {name} | {rows} | {1e3 * t['base']:.3f} | {1e3 * t['new']:.3f} | {t['base'] / t['new']:.2f}x | {same} |")
+
+
 def seconds(f: Callable[[], object], min_time: float = 0.3) -> float:
     f()  # warm up: packed copies, first-touch of buffers
     start, n = time.perf_counter(), 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.many_rows import builds_to_compare, race
+from benchmarks.many_rows import PRODUCTS_AB_HEADER, builds_to_compare, race_products
 from minisgl.kernels.native import CpuKernels
 from minisgl.layers.quant import Int4Weight
 
@@ -25,16 +25,12 @@ def compare(base: CpuKernels, new: CpuKernels, name: str, n: int, k: int, rows: 
     w = Int4Weight.quantize(torch.randn(n, k, generator=g))
     x = torch.randn(rows, k, generator=g)
     before, after = base.int4(w.codes, w.scale, w.minimum, n), new.int4(w.codes, w.scale, w.minimum, n)
-    same = torch.equal(before(x), after(x))
-    t = race({"base": lambda: before(x), "new": lambda: after(x)}, repeats=20 if rows <= 32 else 3, rounds=9)
-    speed = t["base"] / t["new"]
-    print(f"| {name} | {rows} | {1e3 * t['base']:.3f} | {1e3 * t['new']:.3f} | {speed:.2f}x | {same} |")
+    race_products(name, rows, lambda: before(x), lambda: after(x), repeats=20 if rows <= 32 else 3)
 
 
 def main() -> None:
     base, new = builds_to_compare(__doc__)
-    print("| product | rows | base ms | new ms | speed-up | same bits |")
-    print("|---|---|---|---|---|---|")
+    print(PRODUCTS_AB_HEADER)
     g = torch.Generator().manual_seed(0)
     for name, n, k, rows in SHAPES:
         compare(base, new, name, n, k, rows, g)

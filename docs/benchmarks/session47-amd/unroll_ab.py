@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.many_rows import builds_to_compare, race
+from benchmarks.many_rows import PRODUCTS_AB_HEADER, builds_to_compare, race_products
 from minisgl.kernels.native import CpuKernels
 from minisgl.layers.quant import Int4Weight, Int8Weight
 
@@ -26,15 +26,12 @@ LM_HEAD_ROWS = (1, 16, 32)
 
 def compare(name: str, rows: int, before: Callable[[torch.Tensor], torch.Tensor],
             after: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> None:  # fmt: skip
-    same = torch.equal(before(x), after(x))
-    t = race({"base": lambda: before(x), "new": lambda: after(x)}, repeats=20 if rows <= 32 else 3, rounds=9)
-    print(f"| {name} | {rows} | {1e3 * t['base']:.3f} | {1e3 * t['new']:.3f} | {t['base'] / t['new']:.2f}x | {same} |")
+    race_products(name, rows, lambda: before(x), lambda: after(x), repeats=20 if rows <= 32 else 3)
 
 
 def main() -> None:
     base, new = builds_to_compare(__doc__)
-    print("| product | rows | base ms | new ms | speed-up | same bits |")
-    print("|---|---|---|---|---|---|")
+    print(PRODUCTS_AB_HEADER)
     g = torch.Generator().manual_seed(0)
     for name, n, k, rows in SHAPES:
         w = Int4Weight.quantize(torch.randn(n, k, generator=g))

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.many_rows import builds_to_compare, race
+from benchmarks.many_rows import PRODUCTS_AB_HEADER, builds_to_compare, race_products
 from minisgl.kernels.native import CpuKernels
 from minisgl.layers.quant import Int4Weight
 
@@ -38,17 +38,13 @@ def compare(
     name: str, rows: int, base: CpuKernels, new: CpuKernels, weights: list[Int4Weight], x: torch.Tensor
 ) -> None:
     before, after = products(base, weights), products(new, weights)
-    same = all(torch.equal(before(x), after(x)) for _ in weights)
     repeats = max(len(weights), 20 if rows <= 64 else 3)
-    t = race({"base": lambda: before(x), "new": lambda: after(x)}, repeats=repeats, rounds=9)
-    print(f"| {name}, int4 | {rows} | {1e3 * t['base']:.3f} | {1e3 * t['new']:.3f} "
-          f"| {t['base'] / t['new']:.2f}x | {same} |")  # fmt: skip
+    race_products(f"{name}, int4", rows, lambda: before(x), lambda: after(x), repeats, checks=len(weights))
 
 
 def main() -> None:
     base, new = builds_to_compare(__doc__)
-    print("| product | rows | base ms | new ms | speed-up | same bits |")
-    print("|---|---|---|---|---|---|")
+    print(PRODUCTS_AB_HEADER)
     g = torch.Generator().manual_seed(0)
     for name, n, k, rows in SHAPES:
         copies = max(1, ROTATION_BYTES // (n * k // 2))
