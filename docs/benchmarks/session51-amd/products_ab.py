@@ -1,8 +1,8 @@
 """Session 51: the int4 products of an earlier commit's build against the working tree's, one process
 (``benchmarks.many_rows.builds_to_compare``), where the avx2 build runs more than 8 rows of x with one digit through
 ``whole_tile``: a block's codes unpacked once per span, and each broadcast of x serving both vectors of a tile. The
-default model's projections and the 1.7B scale model's MLP at decode and prefill row counts, each weight larger than
-the caches or not as in the model (every shape's weights rotate through copies filling 64 MiB); the outputs checked
+default model's projections and the 1.7B scale model's MLP at decode and prefill row counts, each shape's weights
+rotating through copies that fill 64 MiB, so that they come from memory as in a model's pass; the outputs checked
 equal bit for bit; alternating calls, 9 rounds, medians.
 
     PYTHONPATH=. python docs/benchmarks/session51-amd/products_ab.py --base f62b035
