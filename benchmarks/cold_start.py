@@ -5,7 +5,7 @@ compiled); *cached*: the best of a few runs after it. Also the peak resident mem
 of all its processes, summed), and what the cache folder holds afterwards (minisgl writes no weights).
 
 Run: python -m benchmarks.cold_start [--model PATH | --model scale-1.7b] [--runs 3] [--kv-memory-gb 1] [--server]
-(or another scale model's name: scale-1.7b-qwen3, scale-1.5b-qwen2; ``benchmarks/scale_model.py``)
+(or another scale model's name: scale-1.7b-qwen3, scale-1.5b-qwen2, scale-7b; ``benchmarks/scale_model.py``)
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Decode speed per weight byte across model families: one request decoding alone on models of
-different shapes (by default the scale models of ``benchmarks/scale_model.py``: SmolLM2-1.7B's llama
-layers, Qwen3-1.7B's with Q/K head norms, Qwen2.5-1.5B's with Q/K/V biases, all Q4_1).
+different shapes (by default the scale models of ``benchmarks/scale_model.py`` under 2B: SmolLM2-1.7B's
+llama layers, Qwen3-1.7B's with Q/K head norms, Qwen2.5-1.5B's with Q/K/V biases, all Q4_1; ``scale-7b``
+on request).
 
 At one request a decode step reads every weight once, so *GB/s* = tok/s x weight bytes per step is
 the rate the weights stream at: equal rates mean each family's layers decode equally well whatever
@@ -35,11 +36,13 @@ import torch
 from benchmarks.hardware_peak import memory_bandwidth
 from benchmarks.machine import load_average, machine_info
 from benchmarks.roofline import weight_bytes_per_step
-from benchmarks.scale_model import SCALE_MODELS, resolve_scale_model
+from benchmarks.scale_model import resolve_scale_model
 from minisgl import LLM, SamplingParams
 from minisgl.kernels.variants import KERNEL_CHOICES
 
 WARMUP_TOKENS = 8
+
+FAMILIES = ["scale-1.7b", "scale-1.7b-qwen3", "scale-1.5b-qwen2"]  # one of each family, at the same size
 
 
 def count_single_call_steps(llm: LLM, prompt: list[int]) -> tuple[int, int]:
@@ -108,7 +111,7 @@ def measure(model: str, kernels: str, prompt_len: int, output_len: int, seed: in
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=list(SCALE_MODELS), help="scale model names or GGUF paths")
+    parser.add_argument("--models", nargs="+", default=FAMILIES, help="scale model names or GGUF paths")
     parser.add_argument("--kernels", nargs="+", default=["auto"], choices=KERNEL_CHOICES, help="EngineConfig.kernels")
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=128)

@@ -8,13 +8,16 @@ not for quality. The shapes (``SCALE_MODELS``), by the name ``--model`` takes:
 - ``scale-1.7b-qwen3``: Qwen3-1.7B (hidden 2048, 28 layers, FFN 6144, 16 heads of 128, 8 KV heads,
   RMSNorm on each head of Q and K, tied embeddings);
 - ``scale-1.5b-qwen2``: Qwen2.5-1.5B (hidden 1536, 28 layers, FFN 8960, 12 heads, 2 KV heads, biases
-  on Q/K/V, tied embeddings).
+  on Q/K/V, tied embeddings);
+- ``scale-7b``: Mistral-7B (llama: hidden 4096, 32 layers, FFN 14336, 32 heads of 128, 8 KV heads, an LM
+  head of its own), a 4.8 GB file. llama.cpp writes such an LM head in Q6_K; the ``gguf`` package has no
+  Q6_K quantizer, so it is Q8_0 here, which minisgl runs the same way (int8 codes, one scale per row).
 
 All state a context of 8192 tokens (the weights do not depend on it) and the default model's
 vocabulary (49152 tokens), so that they differ only in the layers.
 
-Run: python -m benchmarks.scale_model [--model scale-1.7b] [--out PATH] (about 90 s each on 2 cores;
-reused when present).
+Run: python -m benchmarks.scale_model [--model scale-1.7b] [--out PATH] (about 90 s each on 2 cores, the 7B
+one several minutes; reused when present).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class ScaleShape:
     qk_norm: bool = False  # Qwen3: F32 RMSNorm weights on each head of Q and K
     # llama.cpp's converter states attention.key_length / value_length when the config gives head_dim (Qwen3).
     states_head_dim: bool = False
+    tied: bool = True  # the LM head is the embedding (no output.weight)
     context: int = 8192
 
 
@@ -73,6 +77,10 @@ SCALE_MODELS: dict[str, ScaleModel] = {
     "scale-1.5b-qwen2": ScaleModel(
         ScaleShape("qwen2", "Qwen2.5-1.5B", 1536, 28, 8960, 12, 2, 128, rope_base=1e6, rms_eps=1e-6, qkv_bias=True),
         "scale-1.5B-qwen2-random.Q4_1.gguf",
+    ),
+    "scale-7b": ScaleModel(
+        ScaleShape("llama", "Mistral-7B", 4096, 32, 14336, 32, 8, 128, rope_base=10000.0, rms_eps=1e-5, tied=False),
+        "scale-7B-random.Q4_1.gguf",
     ),
 }  # fmt: skip
 # The default model's metadata copied as is: its tokenizer, so the same prompts give the same tokens.
@@ -149,6 +157,8 @@ def write_scale_model(shape: ScaleShape, path: Path, seed: int = 0, tokenizer_fr
 
     q4, q8 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0
     tensor("token_embd.weight", vocab, h, q8)
+    if not shape.tied:
+        tensor("output.weight", vocab, h, q8)
     ones("output_norm.weight", h)
     for i in range(layers):
         for name, rows, cols in (("attn_q", q, h), ("attn_k", kv, h), ("attn_v", kv, h), ("attn_output", h, q),

@@ -12,9 +12,9 @@ A decode step streams every quantized weight once, and a weight on 4 KiB pages s
 Linux's 2 MiB transparent huge pages (one TLB entry covers 512 of the small ones): ``huge_page_buffer``
 is memory that takes those on first write where the system gives them on request
 (``/sys/kernel/mm/transparent_hugepage/enabled``: ``madvise``, a common default, or ``always``). Only
-whole, aligned 2 MiB ranges of a mapping get one, so the loader moves every quantized weight the C kernels
-run into a ``HugePageArena``, one after another as they are built: a small model's weights, each under 2 MiB,
-would get none on their own.
+whole, aligned 2 MiB ranges of a mapping get one, so every quantized weight the C kernels run lies in a
+``HugePageArena``, one after another in the order they are built (in its room where the loader builds them
+there, else copied in): a small model's weights, each under 2 MiB, would get none on their own.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import math
 import mmap
 import sys
 from functools import cache
@@ -86,17 +87,36 @@ class HugePageArena:
         self.chunk_bytes = chunk_bytes
         self._chunk: torch.Tensor | None = None
         self._used = 0
+        self._spans: list[tuple[int, int]] = []  # the addresses of every buffer taken: what ``holds``
 
-    def place(self, t: torch.Tensor) -> torch.Tensor:
-        """A copy of ``t`` (a CPU tensor) in the arena: contiguous, with its shape and dtype."""
-        if t.device.type != "cpu":
-            raise ValueError(f"a huge-page arena holds CPU tensors, not {t.device} ones")
-        nbytes = t.numel() * t.element_size()
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """Room for a contiguous tensor of ``shape`` and ``dtype`` in the arena, not yet written: a
+        weight built here takes its memory once, where a copy would write it twice."""
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > self.chunk_bytes // 2:
-            room = huge_page_buffer(nbytes)
+            room = self._take(nbytes)
         else:
             if self._chunk is None or self._used + nbytes > self.chunk_bytes:
-                self._chunk, self._used = huge_page_buffer(self.chunk_bytes), 0
+                self._chunk, self._used = self._take(self.chunk_bytes), 0
             room = self._chunk[self._used : self._used + nbytes]
             self._used += -(-nbytes // self._ALIGN) * self._ALIGN
-        return room.view(t.dtype).view(t.shape).copy_(t)
+        return room.view(dtype).view(shape)
+
+    def place(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (a CPU tensor) in the arena: itself where it lies there already (built in ``empty``'s
+        room), else a contiguous copy with its shape and dtype."""
+        if t.device.type != "cpu":
+            raise ValueError(f"a huge-page arena holds CPU tensors, not {t.device} ones")
+        if self.holds(t):
+            return t
+        return self.empty(tuple(t.shape), t.dtype).copy_(t)
+
+    def holds(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` is contiguous and lies in the arena's memory."""
+        start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+        return t.is_contiguous() and any(low <= start and end <= high for low, high in self._spans)
+
+    def _take(self, nbytes: int) -> torch.Tensor:
+        buffer = huge_page_buffer(nbytes)
+        self._spans.append((buffer.data_ptr(), buffer.data_ptr() + nbytes))
+        return buffer

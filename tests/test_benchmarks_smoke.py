@@ -258,7 +258,7 @@ def small_vocab_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_scale_model_shape_loads_quantized_and_decodes_in_one_call(
     name: str, small_vocab_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A tiny model with each scale model's layers (its architecture, biases, head norms, metadata):
+    """A tiny model with each scale model's layers (its architecture, biases, head norms, LM head, metadata):
     minisgl runs every projection on the file's own int4 codes, a decode step reads exactly the
     file's Q4_1 bytes plus the LM head, and each decode step is one C call (decode_layer.c)."""
     from benchmarks.decode_per_byte import measure
@@ -280,6 +280,7 @@ def test_scale_model_shape_loads_quantized_and_decodes_in_one_call(
         model = llm.scheduler.engine.model
         layers = model.model.layers
         assert model.config.head_dim == tiny.head_dim and model.config.vocab_size == VOCAB
+        assert model.config.tie_word_embeddings == tiny.tied
         linears = [m for m in layers.modules() if isinstance(m, Linear)]
         assert linears and all(m.weight is None and isinstance(m.quantized, Int4Weight) for m in linears)
         assert all(p.dim() == 1 for p in layers.parameters())  # norms and biases only: no dense matrix is alive

@@ -250,14 +250,24 @@ def test_int4_from_the_file_is_its_dequantized_weight() -> None:
 
 
 def test_the_file_read_through_the_c_kernels_gives_the_same_weights() -> None:
-    """Q4_1 layers and the Q8_0 embedding of the default file, with the C kernels and without."""
+    """Q4_1 layers and the Q8_0 embedding of the default file, with the C kernels and without, and
+    with the C kernels built straight into a huge-page arena (the loader's way: the weights' memory
+    written once), where moving them in then copies nothing."""
     kernels = c_kernels_or_skip()
     plain, through_c = GGUFTensors(default_model_path()), GGUFTensors(default_model_path(), kernels)
+    arena = HugePageArena(chunk_bytes=4 << 20)
     names = [f"model.layers.2.self_attn.{p}_proj.weight" for p in "qkv"]
-    a, b = plain.int4(*names), through_c.int4(*names)
-    assert all(torch.equal(getattr(a, n), getattr(b, n)) for n in ("codes", "scale", "minimum"))
+    a, b, c = plain.int4(*names), through_c.int4(*names), through_c.int4(*names, arena=arena)
+    for n in ("codes", "scale", "minimum"):
+        assert torch.equal(getattr(a, n), getattr(b, n)) and torch.equal(getattr(a, n), getattr(c, n))
     a, b = plain.int8("model.embed_tokens.weight"), through_c.int8("model.embed_tokens.weight")
+    c = through_c.int8("model.embed_tokens.weight", arena=arena)
     assert torch.equal(a.codes, b.codes) and torch.equal(a.scale, b.scale)
+    assert torch.equal(a.codes, c.codes) and torch.equal(a.scale, c.scale)
+    built = [t.data_ptr() for t in c.buffers()]
+    assert all(arena.holds(t) for t in c.buffers()) and not any(arena.holds(t) for t in b.buffers())
+    c.move_into(arena)
+    assert [t.data_ptr() for t in c.buffers()] == built  # already there: not copied
 
 
 # -- the default model end to end ----------------------------------------------------------------

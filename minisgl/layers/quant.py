@@ -194,12 +194,13 @@ class Int4Weight(QuantizedWeight):
         return self.in_features // INT4_GROUP
 
     @classmethod
-    def empty(cls, out_features: int, in_features: int) -> Int4Weight:
-        """An [out, in] weight to be filled, every row of it (``write_rows``): only the last tile, where
-        rows past ``out_features`` must stay zero, is zeroed now (the rest would be written twice)."""
+    def empty(cls, out_features: int, in_features: int, arena: HugePageArena | None = None) -> Int4Weight:
+        """An [out, in] weight to be filled, every row of it (``write_rows``), its buffers in ``arena``
+        where given: only the last tile, where rows past ``out_features`` must stay zero, is zeroed now
+        (the rest would be written twice)."""
         tiles = -(-out_features // QUANT_TILE)
-        codes = torch.empty(tiles, in_features * 8, dtype=torch.uint8)
-        scale, minimum = (torch.empty(tiles, in_features // 2, dtype=torch.float16) for _ in range(2))
+        codes = _empty((tiles, in_features * 8), torch.uint8, arena)
+        scale, minimum = (_empty((tiles, in_features // 2), torch.float16, arena) for _ in range(2))
         for buffer in (codes, scale, minimum):
             buffer[-1:].zero_()
         return cls(codes, scale, minimum, out_features)
@@ -347,6 +348,11 @@ class Int4Weight(QuantizedWeight):
         return f"in_features={self.in_features}, out_features={self.out_features}, tiles of {QUANT_TILE} rows"
 
 
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, arena: HugePageArena | None) -> torch.Tensor:
+    """A weight's buffer, not yet written: in ``arena`` where given."""
+    return torch.empty(shape, dtype=dtype) if arena is None else arena.empty(shape, dtype)
+
+
 def _groups(w: torch.Tensor) -> torch.Tensor:
     if w.dim() != 2 or w.shape[1] % INT4_GROUP:
         raise ValueError(f"int4 needs a 2-d weight with a multiple of {INT4_GROUP} input columns, got {tuple(w.shape)}")
@@ -375,11 +381,11 @@ class Int8Weight(QuantizedWeight):
         self.register_buffer("scale", scale)
 
     @classmethod
-    def empty(cls, out_features: int, in_features: int) -> Int8Weight:
-        """An [out, in] weight of zeros, to be filled."""
+    def empty(cls, out_features: int, in_features: int, arena: HugePageArena | None = None) -> Int8Weight:
+        """An [out, in] weight of zeros, to be filled, its buffers in ``arena`` where given."""
         tiles, padded_in = -(-out_features // QUANT_TILE), -(-in_features // INT4_GROUP) * INT4_GROUP
-        codes = torch.zeros(tiles, QUANT_TILE * padded_in, dtype=torch.int8)
-        return cls(codes, torch.zeros(tiles * QUANT_TILE), out_features, in_features)
+        codes = _empty((tiles, QUANT_TILE * padded_in), torch.int8, arena).zero_()
+        return cls(codes, _empty((tiles * QUANT_TILE,), torch.float32, arena).zero_(), out_features, in_features)
 
     @classmethod
     def quantize(cls, w: torch.Tensor) -> Int8Weight:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from minisgl.heap import HugePageArena
 from minisgl.kernels.native import CpuKernels
 from minisgl.layers.quant import INT4_GROUP, Int4Weight, Int8Weight
 from minisgl.models.gguf_arch import GGUFArch, gguf_arch, hf_tensors
@@ -224,12 +225,12 @@ class GGUFTensors:
             dense -= self.arch.norm_shift
         return dense
 
-    def int4(self, *names: str) -> Int4Weight:
+    def int4(self, *names: str, arena: HugePageArena | None = None) -> Int4Weight:
         """The file's 4-bit codes and grid as an ``Int4Weight`` (Q4_0 / Q4_1 / Q4_K, a multiple of
-        32 columns); several tensors' rows one after another (a fused projection), each written in
-        place: no concatenated copy."""
+        32 columns), built in ``arena`` where given; several tensors' rows one after another (a fused
+        projection), each written in place: no concatenated copy."""
         parts, k = self._parts(names)
-        weight = Int4Weight.empty(sum(len(blocks) for blocks, _, _ in parts), k)
+        weight = Int4Weight.empty(sum(len(blocks) for blocks, _, _ in parts), k, arena)
         row = 0
         for name, (blocks, kind, _) in zip(names, parts):
             if self._kernels is not None and kind.name in ("Q4_0", "Q4_1"):
@@ -242,14 +243,15 @@ class GGUFTensors:
             row += len(blocks)
         return weight
 
-    def int8(self, *names: str) -> Int8Weight:
+    def int8(self, *names: str, arena: HugePageArena | None = None) -> Int8Weight:
         """The tensors' rows one after another rounded to int8 with one scale per row, as
-        ``Int8Weight.quantize`` rounds their dense values."""
+        ``Int8Weight.quantize`` rounds their dense values; Q8_0 ones through the C kernels built in
+        ``arena`` where given."""
         parts, k = self._parts(names)
         if self._kernels is None or any(kind.name != "Q8_0" for _, kind, _ in parts):
             dense = [self.dense(name) for name in names]
             return Int8Weight.quantize(torch.cat(dense) if len(dense) > 1 else dense[0])
-        weight = Int8Weight.empty(sum(len(blocks) for blocks, _, _ in parts), k)
+        weight = Int8Weight.empty(sum(len(blocks) for blocks, _, _ in parts), k, arena)
         row = 0
         for blocks, _, _ in parts:
             tensor = _read_only_tensor(np.ascontiguousarray(blocks))

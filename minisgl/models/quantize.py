@@ -72,9 +72,9 @@ def plan_quantization(
 ) -> tuple[dict[str, QuantizedWeight], str]:  # fmt: skip
     """The quantized weight of each spec that gets one (by module name; specs with the same sources
     share one), and a summary counting what runs in what. Raises ``ValueError`` if the mode cannot
-    take a layer's weight. With an ``arena``, each weight moves into it as soon as it is built (the
-    C kernels stream the weights from huge pages), so that memory holds the old buffers of one weight
-    at most."""
+    take a layer's weight. With an ``arena`` (the C kernels stream the weights from huge pages), a
+    GGUF's weights the C kernels build are built in it, and any other moves into it as soon as it is
+    built, so that memory holds the old buffers of one weight at most."""
     check_mode(mode)
     if mode == "none" or (mode == "auto" and gguf is None):
         return {}, "dense weights"
@@ -85,7 +85,7 @@ def plan_quantization(
         if spec.sources in built:  # an embedding tied to the LM head
             choice = Choice(built[spec.sources].weight, "embedding tied to the LM head")
         else:
-            choice = _choose(spec, mode, read_dense, gguf)
+            choice = _choose(spec, mode, read_dense, gguf, arena)
             if arena is not None and choice.weight is not None:
                 choice.weight.move_into(arena)
         built[spec.sources] = choice
@@ -95,10 +95,12 @@ def plan_quantization(
     return plan, "; ".join(f"{n} x {reason}" for reason, n in reasons.items())
 
 
-def _choose(spec: WeightSpec, mode: str, read_dense: DenseReader, gguf: GGUFTensors | None) -> Choice:
+def _choose(
+    spec: WeightSpec, mode: str, read_dense: DenseReader, gguf: GGUFTensors | None, arena: HugePageArena | None
+) -> Choice:
     """The weight built for a spec no earlier one shares its sources with."""
     if gguf is not None:
-        return _choose_auto(spec, read_dense, gguf)
+        return _choose_auto(spec, read_dense, gguf, arena)
     if spec.is_embedding:
         return Choice(None, "dense (embedding)")
     return _choose_rtn(spec, read_dense, mode)
@@ -113,7 +115,7 @@ def _choose_rtn(spec: WeightSpec, read_dense: DenseReader, mode: str) -> Choice:
     return Choice(quantize_weight(read_dense(spec), "int4" if mode == "int4" else "int8"), f"{mode} (round-to-nearest)")
 
 
-def _choose_auto(spec: WeightSpec, read_dense: DenseReader, gguf: GGUFTensors) -> Choice:
+def _choose_auto(spec: WeightSpec, read_dense: DenseReader, gguf: GGUFTensors, arena: HugePageArena | None) -> Choice:
     missing = [s for s in spec.sources if s not in gguf]
     if missing:
         return Choice(None, f"dense ({', '.join(missing)} not in {gguf.name})")
@@ -121,18 +123,22 @@ def _choose_auto(spec: WeightSpec, read_dense: DenseReader, gguf: GGUFTensors) -
     label = "/".join(kinds)
     what = "embedding " if spec.is_embedding else ""
     if all(k in INT4_EXACT for k in kinds) and spec.module.shape[1] % INT4_GROUP == 0:
-        return Choice(_shard(gguf, spec.sources, spec.module.partition), f"{what}int4 ({label}, exact codes)")
+        weight = _shard(gguf, spec.sources, spec.module.partition, arena)
+        return Choice(weight, f"{what}int4 ({label}, exact codes)")
     if all(k in INT8_NEAREST or k in INT4_EXACT for k in kinds):
         partition = spec.module.partition
-        weight = gguf.int8(*spec.sources) if partition is None else Int8Weight.quantize(read_dense(spec))
+        weight = gguf.int8(*spec.sources, arena=arena) if partition is None else Int8Weight.quantize(read_dense(spec))
         return Choice(weight, f"{what}int8 per row ({label} requantized)")
     return Choice(None, f"{what}dense ({label}: no CPU kernel for it)")
 
 
-def _shard(gguf: GGUFTensors, sources: tuple[str, ...], partition: Partition | None) -> Int4Weight:
-    """This tensor-parallel rank's share of a fused int4 weight, sliced like the loader slices a dense one."""
+def _shard(
+    gguf: GGUFTensors, sources: tuple[str, ...], partition: Partition | None, arena: HugePageArena | None
+) -> Int4Weight:
+    """This tensor-parallel rank's share of a fused int4 weight, sliced like the loader slices a dense
+    one. A whole weight is built in ``arena`` where given; a slice is copied there by ``plan_quantization``."""
     if partition is None:
-        return gguf.int4(*sources)
+        return gguf.int4(*sources, arena=arena)
     if partition.kind == "row":
         return gguf.int4(*sources).columns(*partition.ranges[0])
     return Int4Weight.cat([gguf.int4(s).rows(start, end) for s, (start, end) in zip(sources, partition.ranges)])
