@@ -155,10 +155,14 @@ def _gemma3_config(meta: Callable[[str, Any], Any], window: int) -> dict[str, An
     return config
 
 
-def hf_tensors(arch: GGUFArch, config: dict[str, Any], gguf_name: str, w: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
-    """The Hugging Face tensors one dequantized GGUF tensor holds (several for stacked experts)."""
+def hf_tensors(
+    arch: GGUFArch, config: dict[str, Any], gguf_name: str, w: np.ndarray
+) -> Iterator[tuple[str, np.ndarray, int]]:
+    """The Hugging Face tensors one GGUF tensor holds (several for stacked experts), views of ``w``,
+    each with the number of heads whose rows llama.cpp interleaved (0: rows in Hugging Face's order):
+    ``unpermute_qk`` puts them back, a copy, when the tensor is read, not for every layer at once."""
     if gguf_name in GLOBAL_TENSORS:
-        yield GLOBAL_TENSORS[gguf_name], w
+        yield GLOBAL_TENSORS[gguf_name], w, 0
         return
     m = _BLOCK_RE.fullmatch(gguf_name)
     part = m.group(2) if m is not None else None
@@ -170,14 +174,15 @@ def hf_tensors(arch: GGUFArch, config: dict[str, Any], gguf_name: str, w: np.nda
     prefix = f"model.layers.{layer}"
     if part in EXPERT_TENSORS:
         for e in range(w.shape[0]):
-            yield f"{prefix}.mlp.experts.{e}.{EXPERT_TENSORS[part]}.{kind}", w[e]
+            yield f"{prefix}.mlp.experts.{e}.{EXPERT_TENSORS[part]}.{kind}", w[e], 0
         return
+    heads = 0
     if arch.permute_qk and part in ("attn_q", "attn_k"):
-        w = _unpermute_qk(w, config["num_attention_heads" if part == "attn_q" else "num_key_value_heads"])
-    yield f"{prefix}.{block_tensors[part]}.{kind}", w
+        heads = config["num_attention_heads" if part == "attn_q" else "num_key_value_heads"]
+    yield f"{prefix}.{block_tensors[part]}.{kind}", w, heads
 
 
-def _unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Undo llama.cpp's per-head interleave of the two rotary halves (HF uses rotate-half)."""
     half = w.shape[0] // n_heads // 2
     # llama.cpp wrote reshape(n_heads, 2, half).swapaxes(1, 2); swapping back restores the order.

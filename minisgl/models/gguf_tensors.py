@@ -24,7 +24,7 @@ import mmap
 import struct
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ import torch
 from minisgl.heap import HugePageArena
 from minisgl.kernels.native import CpuKernels
 from minisgl.layers.quant import INT4_GROUP, Int4Weight, Int8Weight
-from minisgl.models.gguf_arch import GGUFArch, gguf_arch, hf_tensors
+from minisgl.models.gguf_arch import GGUFArch, gguf_arch, hf_tensors, unpermute_qk
 
 # Formats whose values are exactly q * scale + minimum on groups of 32 with q in 0..15.
 INT4_EXACT = ("Q4_0", "Q4_1", "Q4_K")
@@ -184,13 +184,10 @@ class GGUFTensors:
             "num_key_value_heads": fields.get(f"{arch_name}.attention.head_count_kv") or heads,
         }
         self.name = path.name
-        self._tensors: dict[str, tuple[np.ndarray, Any, int]] = {}  # blocks, quantization type, columns
+        self._tensors: dict[str, _Tensor] = {}
         for gguf_name, dims, kind, data in tensors:
-            parts = list(hf_tensors(self.arch, config, gguf_name, data))
-            for name, blocks in parts:
-                self._tensors[name] = (blocks, kind, int(dims[0]))
-            if all(self._pages(blocks) is None for _, blocks in parts):  # reordered into copies: done with the file
-                self._release(data)
+            for name, blocks, heads in hf_tensors(self.arch, config, gguf_name, data):
+                self._tensors[name] = _Tensor(blocks, kind, int(dims[0]), heads)
 
     def __contains__(self, name: str) -> bool:
         return name in self._tensors
@@ -199,18 +196,19 @@ class GGUFTensors:
         return list(self._tensors)
 
     def type_name(self, name: str) -> str:
-        return self._tensors[name][1].name
+        return self._tensors[name].kind.name
 
     def shape(self, name: str) -> tuple[int, ...]:
-        blocks, _, columns = self._tensors[name]
-        return (*blocks.shape[:-1], columns)
+        tensor = self._tensors[name]
+        return (*tensor.blocks.shape[:-1], tensor.columns)
 
     def dense(self, name: str) -> torch.Tensor:
         """The tensor dequantized, fp32 (a copy: the file is never written through); a norm's
         weight as Hugging Face has it (gemma3 files store 1 + weight)."""
         from gguf.quants import dequantize
 
-        blocks, kind, _ = self._tensors[name]
+        tensor = self._tensors[name]
+        blocks, kind = tensor.rows(), tensor.kind
         if kind.name == "Q8_0":  # the reference's arithmetic (code * fp32(d)) on torch's threads
             b = _read_only_tensor(blocks).view(-1, 34)  # fp16 d, 32 int8 codes
             d = b[:, :2].contiguous().view(torch.float16).float()
@@ -220,7 +218,7 @@ class GGUFTensors:
             if not values.flags.writeable:  # a view of the read-only map (F32 tensors): copied
                 values = values.copy()
             dense = torch.from_numpy(values.astype(np.float32, copy=False).reshape(self.shape(name)))
-        self._release(blocks)
+        self._release(tensor.blocks)
         if self.arch.norm_shift and name.endswith("norm.weight"):
             dense -= self.arch.norm_shift
         return dense
@@ -230,16 +228,17 @@ class GGUFTensors:
         32 columns), built in ``arena`` where given; several tensors' rows one after another (a fused
         projection), each written in place: no concatenated copy."""
         parts, k = self._parts(names)
-        weight = Int4Weight.empty(sum(len(blocks) for blocks, _, _ in parts), k, arena)
+        weight = Int4Weight.empty(sum(len(part.blocks) for part in parts), k, arena)
         row = 0
-        for name, (blocks, kind, _) in zip(names, parts):
-            if self._kernels is not None and kind.name in ("Q4_0", "Q4_1"):
+        for name, part in zip(names, parts):
+            blocks, kind = part.rows(), part.kind.name
+            if self._kernels is not None and kind in ("Q4_0", "Q4_1"):
                 buffers = (weight.codes, weight.scale, weight.minimum)
                 tensor = _read_only_tensor(np.ascontiguousarray(blocks))
-                self._kernels.int4_from_gguf(tensor, kind.name == "Q4_1", row, buffers, weight.out_features)
+                self._kernels.int4_from_gguf(tensor, kind == "Q4_1", row, buffers, weight.out_features)
             else:
-                int4_into(weight, row, kind.name, blocks, k, f"{self.name}: {name}")
-            self._release(blocks)
+                int4_into(weight, row, kind, blocks, k, f"{self.name}: {name}")
+            self._release(part.blocks)
             row += len(blocks)
         return weight
 
@@ -248,22 +247,22 @@ class GGUFTensors:
         ``Int8Weight.quantize`` rounds their dense values; Q8_0 ones through the C kernels built in
         ``arena`` where given."""
         parts, k = self._parts(names)
-        if self._kernels is None or any(kind.name != "Q8_0" for _, kind, _ in parts):
+        if self._kernels is None or any(part.kind.name != "Q8_0" for part in parts):
             dense = [self.dense(name) for name in names]
             return Int8Weight.quantize(torch.cat(dense) if len(dense) > 1 else dense[0])
-        weight = Int8Weight.empty(sum(len(blocks) for blocks, _, _ in parts), k, arena)
+        weight = Int8Weight.empty(sum(len(part.blocks) for part in parts), k, arena)
         row = 0
-        for blocks, _, _ in parts:
-            tensor = _read_only_tensor(np.ascontiguousarray(blocks))
+        for part in parts:
+            tensor = _read_only_tensor(np.ascontiguousarray(part.rows()))
             self._kernels.int8_from_q8_0(tensor, row, (weight.codes, weight.scale), weight.out_features)
-            self._release(blocks)
-            row += len(blocks)
+            self._release(part.blocks)
+            row += len(part.blocks)
         return weight
 
-    def _parts(self, names: tuple[str, ...]) -> tuple[list[tuple[np.ndarray, Any, int]], int]:
-        """The named tensors (blocks, type, columns), which make one weight: their common columns."""
+    def _parts(self, names: tuple[str, ...]) -> tuple[list[_Tensor], int]:
+        """The named tensors, which make one weight, and their common columns."""
         parts = [self._tensors[name] for name in names]
-        columns = {part[2] for part in parts}
+        columns = {part.columns for part in parts}
         if len(columns) != 1:
             raise ValueError(f"{self.name}: {', '.join(names)} differ in columns ({sorted(columns)}): not one weight")
         return parts, columns.pop()
@@ -282,6 +281,20 @@ class GGUFTensors:
         pages = self._pages(blocks)
         if pages is not None:
             self._map.madvise(mmap.MADV_DONTNEED, pages[0], pages[1] - pages[0])
+
+
+class _Tensor(NamedTuple):
+    """A tensor of the file: its blocks (a view of the map), quantization type, columns, and the heads
+    whose rows llama.cpp interleaved (0: none)."""
+
+    blocks: np.ndarray
+    kind: Any
+    columns: int
+    heads: int
+
+    def rows(self) -> np.ndarray:
+        """The blocks in Hugging Face's row order: the map's view, or for interleaved q/k rows a copy."""
+        return unpermute_qk(self.blocks, self.heads) if self.heads else self.blocks
 
 
 def _read_only_tensor(array: np.ndarray) -> torch.Tensor:

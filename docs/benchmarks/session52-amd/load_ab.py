@@ -58,17 +58,20 @@ def main() -> None:
         try:
             sources = {"base": worktree, "new": here}
             for model, path in paths.items():
-                ratios = []
+                ratios, peaks = [], {"base": [], "new": []}
                 for r in range(args.rounds):
                     order = ("base", "new") if r % 2 == 0 else ("new", "base")
                     got = {name: load_once(sources[name], path) for name in order}
                     for name in order:
                         g = got[name]
+                        peaks[name].append(g["peak_gib"])
                         print(f"{model} round {r + 1} {name:4} {g['seconds']:6.2f} s, peak {g['peak_gib']:.2f} GiB, "
                               f"system CPU {g['sys_s']:.2f} s")  # fmt: skip
                     ratios.append(got["base"]["seconds"] / got["new"]["seconds"])
                 per_round = " ".join(f"{r:.2f}" for r in ratios)
-                print(f"{model}: speed-up (base over new) per round {per_round}, median {statistics.median(ratios):.2f}")
+                print(f"{model}: speed-up (base over new) per round {per_round}, median {statistics.median(ratios):.2f}; "
+                      f"peak memory, median: base {statistics.median(peaks['base']):.2f} GiB, "
+                      f"new {statistics.median(peaks['new']):.2f} GiB")  # fmt: skip
         finally:
             subprocess.run(["git", "-C", str(here), "worktree", "remove", "--force", str(worktree)], check=True)
     print(f"# load average at end: {load_average()}")
