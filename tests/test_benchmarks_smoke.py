@@ -5,16 +5,19 @@ never how fast anything was (the CPU is shared)."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import assert_idle_balanced, llama_cpp_and_default_gguf
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf_writer import train_bpe, write_gguf
 from tiny_models import VOCAB, build_tiny_model
 from transformers import AutoTokenizer
 
+from benchmarks import dense_folder as dense_folder_module
 from benchmarks import machine, paired
 from benchmarks.cli import main
 from benchmarks.corpus import PERSONAS
@@ -25,6 +28,7 @@ from benchmarks.workloads import COPY_CUE_LEN, WORKLOADS, Conversations, Sizes, 
 from minisgl import LLM, SamplingParams
 from minisgl.layers.linear import Linear
 from minisgl.layers.quant import Int4Weight
+from minisgl.models.gguf_tensors import GGUFTensors
 
 TINY = Sizes(
     groups=2,
@@ -252,6 +256,33 @@ def small_vocab_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = build_tiny_model("llama", tmp_path_factory.mktemp("vocab"))
     train_bpe("llama-bpe", VOCAB - 100).save_pretrained(folder)  # GGUF pads the vocabulary to 512
     return write_gguf(folder, folder / "vocab.gguf", "llama-bpe")
+
+
+def test_dense_folder_of_a_large_model_is_sharded_and_loads_as_the_files_values(
+    small_vocab_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The folder the folder-only peers load, written in shards of at most ``shard_bytes`` (one shard's
+    values in memory at a time) with Hugging Face's index: transformers loads every tensor as the file's
+    dequantized values, the q/k rows in its own order, the untied LM head too."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(dense_folder_module, "CACHE", tmp_path / "dense")
+    shape = replace(SCALE_MODELS["scale-7b"].shape, hidden=64, layers=2, ffn=128, heads=4, kv_heads=2, head_dim=16)
+    gguf = write_scale_model(shape, tmp_path / "tiny.gguf", tokenizer_from=small_vocab_gguf)
+    folder = dense_folder_module.dense_folder(gguf, shard_bytes=200_000)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    shards = sorted(folder.glob("model-*.safetensors"))
+    assert len(shards) > 2 and set(index["weight_map"].values()) == {f.name for f in shards}
+    tensors = GGUFTensors(gguf)
+    assert sorted(index["weight_map"]) == sorted(tensors.names())
+    for shard in shards:
+        names = [name for name, file in index["weight_map"].items() if file == shard.name]
+        assert len(names) == 1 or sum(math.prod(tensors.shape(n)) * 4 for n in names) <= 200_000
+    state = AutoModelForCausalLM.from_pretrained(str(folder)).state_dict()
+    assert "lm_head.weight" in index["weight_map"]
+    for name in tensors.names():
+        assert torch.equal(state[name], tensors.dense(name)), name
 
 
 @pytest.mark.parametrize("name", sorted(SCALE_MODELS))

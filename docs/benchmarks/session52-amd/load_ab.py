@@ -26,7 +26,9 @@ from minisgl.models.gguf import default_model_path
 LOAD = """
 import json, resource, sys, time
 start = time.perf_counter()
+import minisgl
 from minisgl.llm import LLM
+assert minisgl.__file__.startswith(sys.path[1]), (minisgl.__file__, sys.path[:2])  # the package under test
 llm = LLM(sys.argv[1])
 seconds = time.perf_counter() - start
 usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -36,9 +38,12 @@ llm.shutdown()
 
 
 def load_once(source: Path, model: str) -> dict[str, float]:
-    """One fresh process's load of ``model`` with the minisgl package under ``source``."""
+    """One fresh process's load of ``model`` with the minisgl package under ``source`` (its working folder too:
+    ``python -c`` puts that first on the import path)."""
     env = {**os.environ, "PYTHONPATH": str(source)}
-    done = subprocess.run([sys.executable, "-c", LOAD, model], env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD, model], env=env, cwd=source, capture_output=True, text=True, check=True
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
