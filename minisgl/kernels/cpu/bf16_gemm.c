@@ -281,15 +281,12 @@ static int products(int bits, const uint16_t *xb, int64_t rows, int64_t padded, 
 #pragma omp parallel num_threads(threads)
     {
         static _Thread_local Scratch pair_scratch, sums_scratch;
-        uint8_t *pair = scratch_reserve(&pair_scratch, (size_t)(2 * STEP_GROUPS * PAIR_BYTES));
-        float *sums = scratch_reserve(&sums_scratch, sizeof(float) * (size_t)(padded * 2 * TILE));
+        uint8_t *pair = team_reserve(&pair_scratch, (size_t)(2 * STEP_GROUPS * PAIR_BYTES), &failed);
+        float *sums = team_reserve(&sums_scratch, sizeof(float) * (size_t)(padded * 2 * TILE), &failed);
         float edge[4 * BLOCK * TILE] __attribute__((aligned(64)));
         const int thread = omp_get_thread_num(), count = omp_get_num_threads();
         const int64_t p0 = pairs * thread / count, p1 = pairs * (thread + 1) / count;
-        if (pair == NULL || sums == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        } else {
+        if (pair != NULL && sums != NULL) {
             tiles_configure();
             for (int64_t g0 = 0; g0 < groups; g0 += span_groups) {
                 const int64_t g1 = min64(g0 + span_groups, groups), steps = (g1 - g0 + STEP_GROUPS - 1) / STEP_GROUPS;

@@ -1020,13 +1020,10 @@ int paged_decode_attention(const float *q, int64_t q_stride, const float *k, int
         const int64_t query_values = max_task_rows * padded_dim(d);
         const int64_t group_floats = max_width > 1 ? max_task_rows * d : 0;  // gather_queries'
         const int64_t floats = score_floats + staged_floats + group_floats;
-        float *scores = scratch_reserve(&scratch, sizeof(float) * (size_t)floats +
-                                                      sizeof(int64_t) * (size_t)(2 * widest) +
-                                                      sizeof(uint16_t) * (size_t)(query_values + score_floats));
-        if (scores == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
+        float *scores = team_reserve(&scratch,
+                                     sizeof(float) * (size_t)floats + sizeof(int64_t) * (size_t)(2 * widest) +
+                                         sizeof(uint16_t) * (size_t)(query_values + score_floats),
+                                     &failed);
         Buffers buffers = {.scores = scores};
         if (scores != NULL) {
             buffers.staged_keys = scores + score_floats;

@@ -581,11 +581,7 @@ int prefill_attention(const float *q, int64_t q_stride, int64_t tokens, int64_t 
         // Each thread's block: its queries [rows, d], scores [rows, ld] and weights [rows, ld].
         static _Thread_local Scratch scratch;
         const size_t per_row = sizeof(Rounded) * (size_t)(d + ld) + sizeof(float) * (size_t)ld;
-        Rounded *query = scratch_reserve(&scratch, (size_t)block_rows * per_row);
-        if (query == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
+        Rounded *query = team_reserve(&scratch, (size_t)block_rows * per_row, &failed);
         float *scores = (float *)(query + block_rows * d);
         Rounded *weights = (Rounded *)(scores + block_rows * ld);
 #if defined(KERNELS_AMX)

@@ -666,30 +666,22 @@ static int gemm_unpacked(const RoundedX *x, int64_t rows, int64_t K, const uint8
 #pragma omp parallel num_threads(threads)
     {
         static _Thread_local Scratch scratch;  // a block's span of codes unpacked
-        VecI *unpacked = scratch_reserve(&scratch, sizeof(VecI) * UNPACKED * BLOCK_TILES * SPAN);
-        if (unpacked == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
+        VecI *unpacked = team_reserve(&scratch, sizeof(VecI) * UNPACKED * BLOCK_TILES * SPAN, &failed);
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; b++) {
             if (unpacked == NULL) continue;
             int64_t t0, t1;
             tiles_of_block(b, blocks, tiles, &t0, &t1);
+            Rows w[BLOCK_TILES][2];  // each tile's two vectors of rows
+            for (int64_t t = t0; t < t1; t++)
+                for (int h = 0; h < 2; h++) w[t - t0][h] = rows_of(4, codes, scale, minimum, groups, N, t, h);
             for (int64_t g0 = 0; g0 < groups; g0 += SPAN) {
                 const int64_t g1 = min64(g0 + SPAN, groups);
-                for (int64_t t = t0; t < t1; t++) {
-                    const Rows w[2] = {rows_of(4, codes, scale, minimum, groups, N, t, 0),
-                                       rows_of(4, codes, scale, minimum, groups, N, t, 1)};
-                    unpack_codes(w, g0, g1, unpacked + (t - t0) * UNPACKED * SPAN);
-                }
+                for (int64_t t = 0; t < t1 - t0; t++) unpack_codes(w[t], g0, g1, unpacked + t * UNPACKED * SPAN);
                 for (int64_t r0 = 0; r0 < rows; r0 += WHOLE_ROWS)
-                    for (int64_t t = t0; t < t1; t++) {
-                        const Rows w[2] = {rows_of(4, codes, scale, minimum, groups, N, t, 0),
-                                           rows_of(4, codes, scale, minimum, groups, N, t, 1)};
-                        whole_tiles[min64(WHOLE_ROWS, rows - r0)](K, w, unpacked + (t - t0) * UNPACKED * SPAN, x,
-                                                                  r0, g0, g1, N, y);
-                    }
+                    for (int64_t t = 0; t < t1 - t0; t++)
+                        whole_tiles[min64(WHOLE_ROWS, rows - r0)](K, w[t], unpacked + t * UNPACKED * SPAN, x, r0, g0,
+                                                                  g1, N, y);
             }
         }
     }
@@ -1060,11 +1052,7 @@ int round_rows_of(RowOf row_of, const void *context, int64_t rows, int64_t n, in
 #pragma omp parallel num_threads(threads) if (rows > 1)
     {
         static _Thread_local Scratch scratch;
-        float *row = scratch_reserve(&scratch, sizeof(float) * (size_t)n);
-        if (row == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
+        float *row = team_reserve(&scratch, sizeof(float) * (size_t)n, &failed);
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             if (row == NULL) continue;

@@ -99,6 +99,17 @@ static inline void *scratch_reserve(Scratch *s, size_t bytes) {
     return data;
 }
 
+// scratch_reserve for a thread of a parallel region: where it fails, *failed (the team's flag) is set, so that
+// the threads skip their work and the call returns KERNELS_NO_MEMORY.
+static inline void *team_reserve(Scratch *s, size_t bytes, int *failed) {
+    void *data = scratch_reserve(s, bytes);
+    if (data == NULL) {
+#pragma omp atomic write
+        *failed = 1;
+    }
+    return data;
+}
+
 // Row r of a layer's output, computed into `to` from the layer's arguments `context`.
 typedef void (*RowOf)(const void *context, int64_t r, float *to);
 
