@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import importlib.metadata
+import mmap
 import os
 import platform
 import subprocess
@@ -73,6 +75,20 @@ def machine_info(threads: int) -> dict[str, Any]:
 def load_average() -> list[float]:
     """1, 5 and 15 minute load averages; above ~0.5 on a 2-core box the timings are suspect."""
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def first_write_gbps(nbytes: int = 256 << 20) -> float:
+    """GB/s of this process's first writes to fresh memory (the kernel's page faults and zeroing, and a
+    VM host's backing of the pages): the speed at which a model load's new weights take their memory,
+    which on a VM can drift by several times between hours and so sways a start's time."""
+    region = mmap.mmap(-1, nbytes)
+    buffer = (ctypes.c_char * nbytes).from_buffer(region)
+    start = time.perf_counter()
+    ctypes.memset(ctypes.addressof(buffer), 1, nbytes)
+    elapsed = time.perf_counter() - start
+    del buffer
+    region.close()
+    return round(nbytes / elapsed / 1e9, 2)
 
 
 def _tree_cpu_seconds(root: int) -> float:

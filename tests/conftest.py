@@ -12,14 +12,8 @@ from tiny_models import build_tiny_model
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from minisgl import LLM
-from minisgl.kernels.native import (
-    CpuKernels,
-    attention_products,
-    c_compiler,
-    cpu_paths,
-    load_variant,
-    resolve_kernels,
-)
+from minisgl.kernels.build import c_compiler
+from minisgl.kernels.native import CpuKernels, attention_products, cpu_paths, load_variant, resolve_kernels
 from minisgl.kernels.variants import VARIANTS, cpu_flags, host_variants
 from minisgl.models.gguf import default_model_path
 
@@ -32,7 +26,9 @@ def gguf_path() -> Path:
 @pytest.fixture(scope="session")
 def hf_smollm(gguf_path: Path) -> PreTrainedModel:
     """transformers' own GGUF loader: an independent dequantization of the same file."""
-    return AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    ).eval()
 
 
 @pytest.fixture(scope="session")

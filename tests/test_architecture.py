@@ -13,6 +13,7 @@ import minisgl
 
 # Bottom to top, as in docs/architecture.md. A unit is a subpackage or a top-level module.
 LAYERS: list[set[str]] = [
+    {"priority"},
     {"constrained", "kernels", "tuning", "heap"},
     {"registry", "sampling", "layers", "distributed", "text"},
     {"batch", "kvcache"},

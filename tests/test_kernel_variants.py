@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.config import EngineConfig
-from minisgl.kernels import native
+from minisgl.kernels import build, native
 from minisgl.kernels.native import CpuKernels, LayerWeights, RoundedRows, resolve_kernels
-from minisgl.kernels.variants import VARIANTS, host_variants
+from minisgl.kernels.variants import VARIANTS, cpu_flags, host_variants, variants_for
 from minisgl.kvcache.pool import KVPool
 from minisgl.layers.quant import Int4Weight, Int8Weight
 from minisgl.layers.rotary import RotaryEmbedding, apply_rotary
@@ -51,6 +52,12 @@ def test_host_variants_follow_the_cpu_flags(flags: frozenset[str], expected: lis
     assert [v.name for v in host_variants(flags)] == expected
 
 
+def test_a_choice_takes_the_variants_it_names() -> None:
+    assert [v.name for v in variants_for("auto", AVX512)] == ["avx512", "avx2"]
+    assert [v.name for v in variants_for("c:avx2", AVX512)] == ["avx2"]
+    assert variants_for("c:avx512", AVX2) == [] and variants_for("torch", AVX512) == []
+
+
 def test_a_cpu_without_any_variant_runs_torch_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     old = frozenset({"avx", "sse4_2"})
     with caplog.at_level(logging.WARNING, logger="minisgl.kernels"):
@@ -67,8 +74,50 @@ def test_a_failing_compiler_is_reported(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # exits 1 for every source
     with pytest.raises(OSError, match="false failed for avx2"):
-        native.load_sources("avx2", native.SOURCE_DIR)
+        native.load_sources("avx2", build.SOURCE_DIR)
     assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-built is left to load
+
+
+def tiny_sources(folder: Path) -> Path:
+    """Two C files that compile in a blink, in place of the kernels' sources."""
+    folder.mkdir()
+    for name in ("one", "two"):
+        (folder / f"{name}.c").write_text(f"int {name}(void) {{ return 1; }}\n")
+    return folder
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_builds_asked_for_at_once_compile_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's front end starts the first build while its scheduler process starts and asks for the
+    same library: the second waits for the first one's instead of compiling every source again."""
+    calls = tmp_path / "calls"
+    compiler = tmp_path / "cc"  # logs each run, and runs slowly enough that the two builds overlap
+    compiler.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nsleep 0.5\nexec cc "$@"\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(compiler))
+    sources = tiny_sources(tmp_path / "src")
+    avx2 = next(v for v in VARIANTS if v.name == "avx2")
+    with ThreadPoolExecutor(2) as pool:
+        built = list(pool.map(build.build, [avx2, avx2], [sources, sources]))
+    assert built[0] == built[1] and built[0].is_file()
+    assert len(calls.read_text().splitlines()) == 3  # each source, then the link: once
+    assert [p.name for p in built[0].parent.iterdir() if p.name.startswith(".tmp-")] == []
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_the_early_build_is_the_library_the_engine_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "SOURCE_DIR", tiny_sources(tmp_path / "src"))
+    assert build.start_build("torch") is None
+    thread = build.start_build("auto")
+    if thread is None:
+        pytest.skip(f"this CPU runs none of the variants ({', '.join(v.name for v in VARIANTS)})")
+    thread.join()
+    built = {p.name for p in (tmp_path / "cache" / "kernels").glob("*.so")}
+    first = variants_for("auto", cpu_flags())[0]
+    assert built == {build.build(first, build.SOURCE_DIR).name}  # one build: auto's first choice
+    assert build.start_build("auto") is None  # built: nothing to start
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
@@ -77,7 +126,7 @@ def test_other_sources_are_bound_through_their_own_header(tmp_path: Path, monkey
     declares them, not as this package's does."""
     monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
     other = tmp_path / "other"
-    shutil.copytree(native.SOURCE_DIR, other)
+    shutil.copytree(build.SOURCE_DIR, other)
     (other / "kernels.h").write_text((other / "kernels.h").read_text() + "int answer(int x);\n")
     (other / "answer.c").write_text('#include "kernels.h"\nint answer(int x) { return 2 * x; }\n')
     kernels = native.load_sources("avx2", other)
@@ -129,11 +178,11 @@ def test_the_tile_configuration_survives_the_compiler(tmp_path: Path, level: str
     has to reach the tile unit whole."""
     amx = next(v for v in VARIANTS if v.name == "amx")
     c_kernels_or_skip("c:amx")  # this CPU runs the amx build, and there is a compiler
-    compiler = native.c_compiler()
+    compiler = build.c_compiler()
     assert compiler is not None
     (tmp_path / "tiles.c").write_text(TILE_PROGRAM)
     built = subprocess.run(
-        [compiler, level, *amx.compile_flags, f"-I{native.SOURCE_DIR}", "-o", str(tmp_path / "tiles"),
+        [compiler, level, *amx.compile_flags, f"-I{build.SOURCE_DIR}", "-o", str(tmp_path / "tiles"),
          str(tmp_path / "tiles.c")],
         capture_output=True, text=True, check=False,
     )  # fmt: skip

@@ -4,16 +4,13 @@ go on meanwhile. Compiles are bounded in time and cached by source."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import sys
-import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from transformers import PreTrainedTokenizerBase
@@ -21,6 +18,7 @@ from transformers import PreTrainedTokenizerBase
 from minisgl.constrained.backend import error_message, xgrammar
 from minisgl.constrained.matcher import GrammarMatcher
 from minisgl.constrained.spec import GrammarSpec
+from minisgl.priority import lower_thread_priority
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -122,7 +120,9 @@ class GrammarCompiler:
         self.tokenizer, self.vocab_size, self.stop_token_ids = tokenizer, vocab_size, sorted(stop_token_ids)
         self.max_threads, self.compile_timeout_s = max_threads, compile_timeout_s
         self._compiler: xgr.GrammarCompiler | None = None  # see ``prepare``
-        self._pool = ThreadPoolExecutor(COMPILE_WORKERS, "minisgl-grammar-compile", initializer=_lower_priority)
+        self._pool = ThreadPoolExecutor(
+            COMPILE_WORKERS, "minisgl-grammar-compile", initializer=partial(lower_thread_priority, COMPILE_NICENESS)
+        )
         self._cache: OrderedDict[GrammarSpec, _Compile] = OrderedDict()
         self.hits = self.misses = 0
 
@@ -196,13 +196,6 @@ class GrammarCompiler:
             return compiler.compile_grammar(source)
         except RuntimeError as e:  # xgrammar reports every bad grammar this way
             raise ValueError(f"invalid {kind}: {error_message(e)}") from None
-
-
-def _lower_priority() -> None:
-    if sys.platform == "linux":  # elsewhere niceness is per process: left alone
-        thread = threading.get_native_id()
-        with contextlib.suppress(OSError):  # only a preference: a sandbox that forbids it still compiles
-            os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + COMPILE_NICENESS))
 
 
 def _parse_schema(source: str) -> dict[str, Any] | bool:

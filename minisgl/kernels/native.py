@@ -34,12 +34,7 @@ a ``ValueError`` that names the argument.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
@@ -48,11 +43,11 @@ from typing import Any, Protocol
 import cffi
 import torch
 
-from minisgl.kernels.variants import VARIANTS, Variant, check_kernel_choice, cpu_flags, host_variants
+from minisgl.kernels.build import SOURCE_DIR, build
+from minisgl.kernels.variants import VARIANTS, Variant, cpu_flags, variants_for
 
 logger = logging.getLogger("minisgl.kernels")
 
-SOURCE_DIR = Path(__file__).parent / "cpu"
 HEADER = SOURCE_DIR / "kernels.h"
 
 
@@ -115,15 +110,11 @@ def resolve_kernels(choice: str, flags: frozenset[str] | None = None) -> CpuKern
     """The library ``choice`` asks for on a CPU with ``flags`` (this one's by default), or None for
     torch's kernels. ``auto`` takes the best variant that builds and logs why none did; ``c`` and
     ``c:<variant>`` raise a ``RuntimeError`` saying why instead."""
-    check_kernel_choice(choice)
+    runnable = variants_for(choice, cpu_flags() if flags is None else flags)
     if choice == "torch":
         return None
-    runnable = host_variants(cpu_flags() if flags is None else flags)
-    if choice.startswith("c:"):
-        name = choice.removeprefix("c:")
-        if name not in {v.name for v in runnable}:
-            raise RuntimeError(f"kernels={choice!r}: this CPU cannot run the {name} variant")
-        runnable = [v for v in runnable if v.name == name]
+    if choice.startswith("c:") and not runnable:
+        raise RuntimeError(f"kernels={choice!r}: this CPU cannot run the {choice.removeprefix('c:')} variant")
     failures = []
     for variant in runnable:
         try:
@@ -149,51 +140,7 @@ def load_sources(name: str, source_dir: Path) -> CpuKernels:
     directory's own ``kernels.h``: this package's (``load_variant``), or another commit's for a benchmark
     that times two commits' kernels in one process."""
     variant = next(v for v in VARIANTS if v.name == name)
-    return CpuKernels(_build(variant, source_dir), variant, source_dir / "kernels.h")
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("MINISGL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "minisgl")
-    return Path(root) / "kernels"
-
-
-def c_compiler() -> str | None:
-    """The compiler the kernels are built with: $CC, else cc or gcc on the PATH; None for none."""
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def _build(variant: Variant, source_dir: Path) -> Path:
-    """The shared library of ``variant`` from the sources in ``source_dir``, compiled once per source,
-    compiler and flags: each source in its own compiler process (they run in parallel), then linked."""
-    compiler = c_compiler()
-    if compiler is None:
-        raise OSError("no C compiler (cc, gcc or $CC)")
-    flags = ["-O3", *variant.compile_flags, "-fopenmp", "-fPIC", "-std=c11"]
-    sources = sorted(source_dir.glob("*.c"))
-    texts = [f.read_text() for f in sorted(source_dir.glob("*.[ch]"))]  # the headers too
-    key = hashlib.sha256("\n".join([*texts, compiler, *flags]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"cpu_kernels-{variant.name}-{key}.so"
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".tmp-{target.name}-", dir=target.parent) as tmp:
-        objects = [Path(tmp) / f"{s.stem}.o" for s in sources]
-        compiles = [
-            subprocess.Popen([compiler, *flags, "-c", "-o", str(o), str(s)], stderr=subprocess.PIPE, text=True)
-            for s, o in zip(sources, objects)
-        ]
-        outcomes = [(p.communicate()[1], p.returncode) for p in compiles]  # read stderr: a full pipe would block
-        errors = [stderr for stderr, code in outcomes if code != 0]
-        if not errors:
-            # -Bsymbolic: calls between the kernels stay inside this library when several variants are loaded.
-            link = [compiler, "-shared", "-fopenmp", "-Wl,-Bsymbolic", "-o", f"{tmp}/lib.so", *map(str, objects)]
-            result = subprocess.run(link, capture_output=True, text=True, check=False)
-            errors = [result.stderr] if result.returncode else []
-        if errors:
-            lines = [line for line in errors[0].splitlines() if "error" in line]
-            raise OSError(f"{compiler} failed for {variant.name}: {(lines or [errors[0].strip()])[0][-500:]}")
-        os.replace(f"{tmp}/lib.so", target)  # atomic: concurrent first uses each build, one wins
-    return target
+    return CpuKernels(build(variant, source_dir), variant, source_dir / "kernels.h")
 
 
 @cache

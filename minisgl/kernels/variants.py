@@ -54,6 +54,18 @@ def host_variants(flags: frozenset[str]) -> list[Variant]:
     return [v for v in VARIANTS if v.cpu_needs <= flags]
 
 
+def variants_for(choice: str, flags: frozenset[str]) -> list[Variant]:
+    """The variants that kernel ``choice`` takes on a CPU with ``flags``, to be tried best first: none
+    for ``torch``, or for ``c:<variant>`` where the CPU cannot run that one."""
+    check_kernel_choice(choice)
+    if choice == "torch":
+        return []
+    runnable = host_variants(flags)
+    if choice.startswith("c:"):
+        return [v for v in runnable if v.name == choice.removeprefix("c:")]
+    return runnable
+
+
 def check_kernel_choice(choice: str) -> None:
     """``EngineConfig.kernels``: auto (the C kernels where they build, else torch's), c (the C
     kernels or an error), torch, or c:<variant> (that build, for benchmarks and tests)."""

@@ -30,6 +30,7 @@ from minisgl.constrained.matcher import Grammar, GrammarAfterThought, GrammarMat
 from minisgl.constrained.spec import GrammarSpec
 from minisgl.engine.engine import Engine
 from minisgl.engine.runner import LocalRunner, Runner
+from minisgl.kernels.build import start_build
 from minisgl.kvcache.registry import PREFIX_CACHES, create_prefix_cache
 from minisgl.kvcache.window import WindowSlots
 from minisgl.models.source import load_tokenizer, resolve_model_path
@@ -115,6 +116,8 @@ class Scheduler:
         # Names the config cannot check without loading torch: unknown ones fail before the model is looked at.
         PREFIX_CACHES.get(config.cache_type)
         ATTENTION_BACKENDS.get(config.attention_backend)
+        if config.torch_device.type == "cpu":  # a first start compiles the kernels while a GGUF's folder is written
+            start_build(config.kernels)
         path = resolve_model_path(config.model)
         # The engine validates config.json before the tokenizer is looked at.
         runner = LocalRunner(Engine(config, path)) if config.tp_size == 1 else TensorParallelRunner(config, path)

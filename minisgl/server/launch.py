@@ -15,6 +15,7 @@ from pathlib import Path
 from types import FrameType
 
 from minisgl.config import EngineConfig
+from minisgl.kernels.build import start_build
 from minisgl.models.gguf import DEFAULT_FILE
 from minisgl.models.source import generation_defaults, load_tokenizer, resolve_model_path
 from minisgl.server.args import api_key_from
@@ -69,6 +70,8 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     logging.getLogger("minisgl").setLevel(level)
     api_key = api_key_from(args)  # a bad key file fails before anything starts
     sock = _bind(args.host, args.port)  # before the model loads: a busy port fails in a second, not after it
+    if config.device != "cuda":  # a first start compiles the C kernels meanwhile; the scheduler process waits for them
+        start_build(config.kernels)
     # Resolve (and for GGUF, convert) once here, so the scheduler process finds the converted folder
     # cached; it keeps the GGUF file itself as the model, since quantization="auto" reads its blocks.
     path = resolve_model_path(config.model)
