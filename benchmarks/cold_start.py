@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from benchmarks.machine import first_write_gbps, load_average, machine_info, tree_peak_rss
+from benchmarks.machine import first_writes, load_average, machine_info, tree_peak_rss
 from benchmarks.scale_model import SCALE_MODELS, resolve_scale_model
 from benchmarks.server import STARTUP_TIMEOUT_S, free_port
 
@@ -82,7 +82,7 @@ def main() -> None:
     what = "server to /health" if args.server else "offline to the first token"
     print(
         f"# {machine_info(os.cpu_count() or 1)['cpu']}; {what}; model {model or 'default'}; load at start "
-        f"{load_average()}; first writes to fresh memory {first_write_gbps()} GB/s"
+        f"{load_average()}; {first_writes()}"
     )
     with tempfile.TemporaryDirectory(prefix="minisgl-cold-") as folder:
         cache = Path(folder)
@@ -95,7 +95,7 @@ def main() -> None:
         f"first ever {first:.2f} s; cached: best {min(times):.2f} s, runs {[round(t, 2) for t in times]}; "
         f"peak memory {first_peak / 2**30:.2f} GiB first ever, {peak:.2f} GiB cached (KV pool {args.kv_memory_gb} GiB); "
         "written to the cache besides the kernels "
-        f"{written / 2**20:.1f} MiB; load at end {load_average()}; first writes to fresh memory {first_write_gbps()} GB/s"
+        f"{written / 2**20:.1f} MiB; load at end {load_average()}; {first_writes()}"
     )
 
 

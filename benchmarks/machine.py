@@ -9,6 +9,7 @@ import mmap
 import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -77,18 +78,37 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def first_write_gbps(nbytes: int = 256 << 20) -> float:
-    """GB/s of this process's first writes to fresh memory (the kernel's page faults and zeroing, and a
-    VM host's backing of the pages): the speed at which a model load's new weights take their memory,
-    which on a VM can drift by several times between hours and so sways a start's time."""
-    region = mmap.mmap(-1, nbytes)
-    buffer = (ctypes.c_char * nbytes).from_buffer(region)
-    start = time.perf_counter()
-    ctypes.memset(ctypes.addressof(buffer), 1, nbytes)
-    elapsed = time.perf_counter() - start
+def first_write_gbps(huge_pages: bool, nbytes: int = 256 << 20) -> float:
+    """GB/s of this process's first writes to fresh memory, on huge pages (advised ``MADV_HUGEPAGE``, as a
+    model load's weights take theirs: ``minisgl.heap``) or small ones: the kernel's page faults and zeroing,
+    and a VM host's backing of the pages, which on a VM can drift by several times between hours and sway a
+    start's time."""
+    huge = 2 << 20
+    region = mmap.mmap(-1, nbytes + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buffer = (ctypes.c_char * (nbytes + huge)).from_buffer(region)
+    start = ctypes.addressof(buffer) + (-ctypes.addressof(buffer) % huge)
+    if huge_pages:
+        ctypes.CDLL(None).madvise(ctypes.c_void_p(start), ctypes.c_size_t(nbytes), mmap.MADV_HUGEPAGE)
+    begin = time.perf_counter()
+    ctypes.memset(start, 1, nbytes)
+    elapsed = time.perf_counter() - begin
     del buffer
     region.close()
     return round(nbytes / elapsed / 1e9, 2)
+
+
+def first_writes() -> str:
+    """``first_write_gbps`` on huge and on small pages, each in a fresh process (one that wrote and freed
+    memory before gets it back at once), for a benchmark's header and footer."""
+
+    def measure(huge_pages: bool) -> str:
+        code = f"from benchmarks.machine import first_write_gbps; print(first_write_gbps({huge_pages}))"
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        return subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    return f"first writes to fresh memory {measure(True)} GB/s on huge pages, {measure(False)} on small"
 
 
 def _tree_cpu_seconds(root: int) -> float:

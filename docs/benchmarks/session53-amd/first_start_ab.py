@@ -37,11 +37,11 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    from benchmarks.machine import first_write_gbps, load_average, machine_info
+    from benchmarks.machine import first_writes, load_average, machine_info
 
     print(
         f"# {machine_info(os.cpu_count() or 1)['cpu']}; model {args.model or 'default'}; load at start "
-        f"{load_average()}; first writes to fresh memory {first_write_gbps()} GB/s"
+        f"{load_average()}; {first_writes()}"
     )
     print("| round | tree | first ever (s) | cached (s) |\n|---|---|---|---|")
     for round_ in range(1, args.rounds + 1):
@@ -52,7 +52,7 @@ def main() -> None:
             )
             first, cached = out.stdout.split()
             print(f"| {round_} | {name} | {first} | {cached} |", flush=True)
-    print(f"# load at end {load_average()}; first writes to fresh memory {first_write_gbps()} GB/s")
+    print(f"# load at end {load_average()}; {first_writes()}")
 
 
 if __name__ == "__main__":
