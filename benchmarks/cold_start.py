@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from benchmarks.machine import first_writes, load_average, machine_info, tree_peak_rss
+from benchmarks.machine import code_path, first_writes, load_average, machine_info, tree_peak_rss
 from benchmarks.scale_model import SCALE_MODELS, resolve_scale_model
 from benchmarks.server import STARTUP_TIMEOUT_S, free_port
 
@@ -81,7 +81,7 @@ def main() -> None:
     run = start_server if args.server else start
     what = "server to /health" if args.server else "offline to the first token"
     print(
-        f"# {machine_info(os.cpu_count() or 1)['cpu']}; {what}; model {model or 'default'}; load at start "
+        f"# {machine_info(os.cpu_count() or 1)['cpu']}; {code_path()}; {what}; model {model or 'default'}; load at start "
         f"{load_average()}; {first_writes()}"
     )
     with tempfile.TemporaryDirectory(prefix="minisgl-cold-") as folder:

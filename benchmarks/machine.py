@@ -78,6 +78,23 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def amx_flags() -> str:
+    """This CPU's AMX flags (``/proc/cpuinfo``), or ``none``."""
+    from minisgl.kernels.variants import cpu_flags
+
+    return " ".join(sorted(f for f in cpu_flags() if f.startswith("amx"))) or "none"
+
+
+def code_path() -> str:
+    """AMX or not, and the build of the C kernels that ``kernels=auto`` takes on this CPU: for a benchmark's
+    header."""
+    from minisgl.kernels.variants import cpu_flags, variants_for
+
+    builds = variants_for("auto", cpu_flags())
+    kernels = f"the {builds[0].name} build ({builds[0].description})" if builds else "none (torch's kernels)"
+    return f"AMX: {amx_flags()}; C kernels with kernels=auto: {kernels}"
+
+
 def first_write_gbps(huge_pages: bool, nbytes: int = 256 << 20) -> float:
     """GB/s of this process's first writes to fresh memory, on huge pages (advised ``MADV_HUGEPAGE``, as a
     model load's weights take theirs: ``minisgl.heap``) or small ones: the kernel's page faults and zeroing,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.machine import load_average, machine_info
+from benchmarks.machine import amx_flags, load_average, machine_info
 from minisgl.heap import retain_freed_memory
 from minisgl.kernels.native import CpuKernels, load_sources, load_variant, resolve_kernels
 from minisgl.kernels.variants import KERNEL_CHOICES, cpu_flags
@@ -74,8 +74,8 @@ def builds_to_compare(doc: str) -> tuple[CpuKernels, CpuKernels]:
         assert host is not None
         variant = host.variant.name
     base, new = kernels_at(args.base, variant), load_variant(variant)
-    threads, amx = torch.get_num_threads(), " ".join(sorted(f for f in cpu_flags() if f.startswith("amx")))
-    print(f"# {machine_info(threads)['cpu']}, AMX: {amx or 'none'}; {threads} threads; the {variant} build "
+    threads = torch.get_num_threads()
+    print(f"# {machine_info(threads)['cpu']}, AMX: {amx_flags()}; {threads} threads; the {variant} build "
           f"({new.variant.description}) of {args.base} against the working tree's; load average {load_average()}")  # fmt: skip
     return base, new
 

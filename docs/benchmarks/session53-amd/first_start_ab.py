@@ -37,10 +37,10 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    from benchmarks.machine import first_writes, load_average, machine_info
+    from benchmarks.machine import code_path, first_writes, load_average, machine_info
 
     print(
-        f"# {machine_info(os.cpu_count() or 1)['cpu']}; model {args.model or 'default'}; load at start "
+        f"# {machine_info(os.cpu_count() or 1)['cpu']}; {code_path()}; model {args.model or 'default'}; load at start "
         f"{load_average()}; {first_writes()}"
     )
     print("| round | tree | first ever (s) | cached (s) |\n|---|---|---|---|")
