@@ -1,7 +1,7 @@
 """The C kernels' builds (AMX, AVX-512 VNNI, AVX2 + AVX-VNNI, AVX2 + FMA): which one a CPU gets, each body
 against the plain C reference its library exports and against torch on the dequantized weight, and
 the boundary refusing what the C code cannot read. Every variant this CPU can execute runs (an AVX2
-build runs on an AVX-512 machine); the others skip, saying so."""
+build runs on an AVX-512 machine); the others are built, and their other tests skip, saying so."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from minisgl.config import EngineConfig
 from minisgl.kernels import build, native
 from minisgl.kernels.native import CpuKernels, LayerWeights, RoundedRows, resolve_kernels
-from minisgl.kernels.variants import VARIANTS, cpu_flags, host_variants, variants_for
+from minisgl.kernels.variants import VARIANTS, Variant, cpu_flags, host_variants, variants_for
 from minisgl.kvcache.pool import KVPool
 from minisgl.layers.quant import Int4Weight, Int8Weight
 from minisgl.layers.rotary import RotaryEmbedding, apply_rotary
@@ -139,8 +139,27 @@ def test_a_library_without_every_declared_kernel_is_refused(tmp_path: Path) -> N
     source = tmp_path / "partial.c"
     source.write_text('const char *kernels_variant(void) { return "avx2"; }\n')
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "partial.so"), str(source)], check=True)
-    with pytest.raises(OSError, match=r"partial.so lacks \w+, which kernels.h declares"):
+    with pytest.raises(OSError, match=r"partial.so lacks \w+(, \w+)*, which kernels.h declares"):
         CpuKernels(tmp_path / "partial.so", VARIANTS[-1])
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v not in host_variants(cpu_flags())], ids=lambda v: v.name)
+def test_a_variant_this_cpu_cannot_run_still_builds_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: Variant
+) -> None:
+    """The bodies of the builds this CPU cannot execute are compiled all the same, so that a change to
+    one is checked on any machine: every source compiles and the library defines every entry point
+    kernels.h declares (looked up, none called). The builds it runs are tested whole in this file."""
+    compiler = build.c_compiler()
+    if compiler is None:
+        pytest.skip("no C compiler")
+    (tmp_path / "empty.c").write_text("int empty;\n")
+    probe = [compiler, *variant.compile_flags, "-c", "-o", str(tmp_path / "empty.o"), str(tmp_path / "empty.c")]
+    if subprocess.run(probe, capture_output=True, check=False).returncode != 0:
+        pytest.skip(f"{compiler} lacks the {variant.name} build's flags ({' '.join(variant.compile_flags)})")
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    library = build.build(variant, build.SOURCE_DIR)  # raises, quoting the compiler, where a source fails
+    assert native.undefined_declarations(library) == []
 
 
 def test_an_unknown_kernel_choice_is_rejected() -> None:

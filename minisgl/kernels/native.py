@@ -151,6 +151,19 @@ def _ffi(header: Path) -> cffi.FFI:
     return ffi
 
 
+def undefined_declarations(library: Path, header: Path = HEADER) -> list[str]:
+    """The names ``header`` declares that ``library`` does not define (looked up, none called: a build
+    this CPU cannot execute is checked too)."""
+    lib = _ffi(header).dlopen(str(library))
+    missing = []
+    for name in dir(lib):
+        try:
+            getattr(lib, name)
+        except AttributeError:
+            missing.append(name)
+    return missing
+
+
 _C_TYPES = {
     torch.float32: "float *", torch.bfloat16: "uint16_t *", torch.float16: "uint16_t *", torch.int64: "int64_t *",
     torch.int8: "int8_t *", torch.uint8: "uint8_t *", torch.int32: "int32_t *",
@@ -273,11 +286,9 @@ class CpuKernels:
         """``path``: the library, built from the sources beside ``header``, its declarations."""
         self.variant, self.ffi = variant, _ffi(header)
         self.lib: Any = self.ffi.dlopen(str(path))
-        for name in dir(self.lib):  # every declaration of the header resolves in the library: now, not at first use
-            try:
-                getattr(self.lib, name)
-            except AttributeError as e:
-                raise OSError(f"{path.name} lacks {name}, which kernels.h declares") from e
+        missing = undefined_declarations(path, header)  # now, not at first use
+        if missing:
+            raise OSError(f"{path.name} lacks {', '.join(missing)}, which kernels.h declares")
         built = self.ffi.string(self.lib.kernels_variant()).decode()
         if built != variant.name:
             raise OSError(f"the {variant.name} build compiled the {built} bodies: the compiler lacks its flags")
