@@ -101,8 +101,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     runnable = ", ".join(v.name for v in host_variants(cpu_flags())) or "none"
     passed = [report.nodeid for report in terminalreporter.stats.get("passed", [])]
     tested = [v.name for v in VARIANTS if any(re.search(rf"[\[-]{v.name}[\]-]", nodeid) for nodeid in passed)]
+    built = [v.name for v in VARIANTS if any(f"[{v.name}_build]" in nodeid for nodeid in passed)]
     terminalreporter.write_line(
         f"minisgl C kernel variants: this CPU runs {runnable}; tests passed on {', '.join(tested) or 'none'}"
+        + (f"; built without running: {', '.join(built)}" if built else "")
     )
 
 
