@@ -161,7 +161,7 @@ def test_a_variant_this_cpu_cannot_run_still_builds_whole(
         pytest.skip(f"{compiler} lacks the {variant.name} build's flags ({' '.join(variant.compile_flags)})")
     monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
     library = build.build(variant, build.SOURCE_DIR)  # raises, quoting the compiler, where a source fails
-    assert native.undefined_declarations(library) == []
+    assert native.undefined_declarations(native.open_library(library)) == []
 
 
 def test_an_unknown_kernel_choice_is_rejected() -> None:

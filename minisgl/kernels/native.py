@@ -151,10 +151,14 @@ def _ffi(header: Path) -> cffi.FFI:
     return ffi
 
 
-def undefined_declarations(library: Path, header: Path = HEADER) -> list[str]:
-    """The names ``header`` declares that ``library`` does not define (looked up, none called: a build
-    this CPU cannot execute is checked too)."""
-    lib = _ffi(header).dlopen(str(library))
+def open_library(path: Path, header: Path = HEADER) -> Any:
+    """The library at ``path`` bound through ``header``'s declarations (cffi); nothing in it is called."""
+    return _ffi(header).dlopen(str(path))
+
+
+def undefined_declarations(lib: Any) -> list[str]:
+    """The names ``lib``'s header declares that the library does not define (looked up, none called: a
+    build this CPU cannot execute is checked too)."""
     missing = []
     for name in dir(lib):
         try:
@@ -285,8 +289,8 @@ class CpuKernels:
     def __init__(self, path: Path, variant: Variant, header: Path = HEADER) -> None:
         """``path``: the library, built from the sources beside ``header``, its declarations."""
         self.variant, self.ffi = variant, _ffi(header)
-        self.lib: Any = self.ffi.dlopen(str(path))
-        missing = undefined_declarations(path, header)  # now, not at first use
+        self.lib: Any = open_library(path, header)
+        missing = undefined_declarations(self.lib)  # now, not at first use
         if missing:
             raise OSError(f"{path.name} lacks {', '.join(missing)}, which kernels.h declares")
         built = self.ffi.string(self.lib.kernels_variant()).decode()
