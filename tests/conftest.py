@@ -90,6 +90,13 @@ def hf_greedy(model: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int
     return out[0, len(prompt_ids) :].tolist()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "emulated(*builds): test_kernel_variants.py's kernels on the emulated CPU too")
+    config.addinivalue_line(
+        "markers", "not_emulated: a shape test_kernel_variants.py leaves to the CPUs that run a build"
+    )
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Which CPU paths this host ran (the C kernels, oneDNN's bf16 instructions): the tests of each
     path run where the host can execute it and skip, saying why, where it cannot."""
@@ -101,9 +108,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     runnable = ", ".join(v.name for v in host_variants(cpu_flags())) or "none"
     passed = [report.nodeid for report in terminalreporter.stats.get("passed", [])]
     tested = [v.name for v in VARIANTS if any(re.search(rf"[\[-]{v.name}[\]-]", nodeid) for nodeid in passed)]
+    emulated = [v.name for v in VARIANTS if any(re.search(rf"[\[-]{v.name}_emulated[\]-]", n) for n in passed)]
     built = [v.name for v in VARIANTS if any(f"[{v.name}_build]" in nodeid for nodeid in passed)]
     terminalreporter.write_line(
         f"minisgl C kernel variants: this CPU runs {runnable}; tests passed on {', '.join(tested) or 'none'}"
+        + (f"; on the emulated CPU: {', '.join(emulated)}" if emulated else "")
         + (f"; built without running: {', '.join(built)}" if built else "")
     )
 

@@ -1,7 +1,8 @@
 """The C kernels' builds (AMX, AVX-512 VNNI, AVX2 + AVX-VNNI, AVX2 + FMA): which one a CPU gets, each body
 against the plain C reference its library exports and against torch on the dequantized weight, and
 the boundary refusing what the C code cannot read. Every variant this CPU can execute runs (an AVX2
-build runs on an AVX-512 machine); the others are built, and their other tests skip, saying so."""
+build runs on an AVX-512 machine); the others are built, the tests of their own bodies run them on the
+emulated CPU (cpu_emulator.py), and their other tests skip, saying so."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from cpu_emulator import Unavailable, emulated_kernels
 
 from minisgl.config import EngineConfig
 from minisgl.kernels import build, native
@@ -31,9 +33,39 @@ AMX = frozenset({"avx512_bf16", "avx512vbmi", "amx_tile", "amx_bf16", "amx_int8"
 REFERENCE_TOLERANCE = 1e-5
 
 
-@pytest.fixture(params=[v.name for v in VARIANTS])
+EMULATED = "_emulated"  # the id's suffix of a build run on the emulated CPU (cpu_emulator.py)
+# Which builds' bodies a test checks on the emulated CPU where this one cannot run them (tens of times
+# slower than running them: the tests of those bodies only, their heaviest shapes left to the CPUs that
+# run the build). avxvnni differs from avx2 only in quant_gemm.c's int8 dot products; the emulated CPU reports no AMX.
+ON_EMULATED_AVX512 = pytest.mark.emulated("avx512")
+ON_EMULATED_AVX512_AND_AVXVNNI = pytest.mark.emulated("avx512", "avxvnni")
+NOT_EMULATED = pytest.mark.not_emulated  # a heavy shape, left to the CPUs that run the build
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``kernels``: every build (those this CPU cannot run skip, saying so), and on the emulated CPU
+    the builds this one cannot run that the test's ``emulated`` mark names."""
+    if "kernels" not in metafunc.fixturenames:
+        return
+    mark = metafunc.definition.get_closest_marker("emulated")
+    names = [v.name for v in VARIANTS]
+    runnable = host_variants(cpu_flags())
+    emulated = [v.name + EMULATED for v in VARIANTS if mark and v.name in mark.args and v not in runnable]
+    metafunc.parametrize("kernels", names + emulated, indirect=True)
+
+
+@pytest.fixture
 def kernels(request: pytest.FixtureRequest) -> CpuKernels:
-    return c_kernels_or_skip(f"c:{request.param}")
+    """The build ``request.param`` names, on this CPU or on the emulated one."""
+    name = request.param
+    if not name.endswith(EMULATED):
+        return c_kernels_or_skip(f"c:{name}")
+    if request.node.get_closest_marker("not_emulated"):
+        pytest.skip("a heavy shape for the emulated CPU: the test's other shapes run there")
+    try:
+        return emulated_kernels(name.removesuffix(EMULATED))
+    except Unavailable as e:
+        pytest.skip(str(e))
 
 
 @pytest.mark.parametrize(
@@ -159,7 +191,6 @@ def test_a_variant_this_cpu_cannot_run_still_builds_whole(
     probe = [compiler, *variant.compile_flags, "-c", "-o", str(tmp_path / "empty.o"), str(tmp_path / "empty.c")]
     if subprocess.run(probe, capture_output=True, check=False).returncode != 0:
         pytest.skip(f"{compiler} lacks the {variant.name} build's flags ({' '.join(variant.compile_flags)})")
-    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
     library = build.build(variant, build.SOURCE_DIR)  # raises, quoting the compiler, where a source fails
     assert native.undefined_declarations(native.open_library(library)) == []
 
@@ -169,9 +200,11 @@ def test_an_unknown_kernel_choice_is_rejected() -> None:
         EngineConfig(kernels="c:sse2")
 
 
+@ON_EMULATED_AVX512_AND_AVXVNNI
 def test_the_library_is_the_variant_asked_for(kernels: CpuKernels) -> None:
     assert kernels.ffi.string(kernels.lib.kernels_variant()).decode() == kernels.variant.name
-    assert resolve_kernels(f"c:{kernels.variant.name}") is kernels  # built once, then shared
+    if kernels.variant in host_variants(cpu_flags()):
+        assert resolve_kernels(f"c:{kernels.variant.name}") is kernels  # built once, then shared
 
 
 TILE_PROGRAM = r"""
@@ -229,6 +262,7 @@ def rounded_per_group(x: torch.Tensor, digits: int) -> torch.Tensor:
 # One tile part-filled (1, 37, 100, 21 rows); past 1,024 columns (32 groups) many rows of x are summed
 # in spans of groups, and past 256 (8) a few rows' two vectors of a tile take turns (256-bit builds);
 # 96 columns: an odd number of groups; 270 rows: 17 tiles, with two threads in blocks of 4 and 5 tiles.
+@ON_EMULATED_AVX512_AND_AVXVNNI
 @pytest.mark.parametrize("digits", [1, 2])
 @pytest.mark.parametrize("n, k", [(1, 64), (37, 96), (100, 576), (21, 2048 + 64), (270, 64)])
 def test_int4_product_is_its_reference_bit_for_bit(kernels: CpuKernels, n: int, k: int, digits: int) -> None:
@@ -254,6 +288,7 @@ def test_int4_product_is_its_reference_bit_for_bit(kernels: CpuKernels, n: int, 
 
 
 # 40 columns: padded to 64 (two groups); 2,080: past a span of 32 groups and many turns of 8.
+@ON_EMULATED_AVX512_AND_AVXVNNI
 @pytest.mark.parametrize("digits", [1, 2])
 @pytest.mark.parametrize("n, k", [(1, 32), (65, 96), (17, 40), (7, 2048 + 32)])
 def test_int8_product_is_its_reference_bit_for_bit(kernels: CpuKernels, n: int, k: int, digits: int) -> None:
@@ -271,6 +306,7 @@ def test_int8_product_is_its_reference_bit_for_bit(kernels: CpuKernels, n: int, 
         assert torch.equal(weight(x[-1:]), y[-1:]), rows  # a row alone is the row in a batch
 
 
+@ON_EMULATED_AVX512_AND_AVXVNNI
 def test_largest_int8_values_stay_inside_the_int32_sums(kernels: CpuKernels) -> None:
     """Every code at +-127 and x at its largest digits: each group's int32 lane sums at their bound."""
     k = 4096
@@ -284,6 +320,7 @@ def test_largest_int8_values_stay_inside_the_int32_sums(kernels: CpuKernels) -> 
     torch.testing.assert_close(weight(x), expected, rtol=1e-5, atol=1e-5)  # an overflow: far off
 
 
+@ON_EMULATED_AVX512_AND_AVXVNNI
 @pytest.mark.parametrize("digits", [1, 2])
 def test_largest_int4_values_stay_inside_the_int16_sums(kernels: CpuKernels, digits: int) -> None:
     """Every code at 15 and x at its largest digits: AVX2's int16 sums of a group at their bound."""
@@ -356,6 +393,7 @@ def test_an_mlp_s_prefill_rows_are_its_two_products_and_activation(
         kernels.prefill_mlp(buffers[1], buffers[0], hidden, intermediate)  # the weights swapped
 
 
+@ON_EMULATED_AVX512_AND_AVXVNNI
 def test_prefill_rows_take_the_decode_products_without_a_tile_unit(kernels: CpuKernels) -> None:
     weight = Int4Weight.quantize(torch.randn(40, 64, generator=torch.Generator().manual_seed(1)))
     product = kernels.int4(weight.codes, weight.scale, weight.minimum, 40)
@@ -380,6 +418,7 @@ def softmax_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor)
     return torch.einsum("hn,nhd->hd", scores.softmax(-1), values).flatten()
 
 
+@ON_EMULATED_AVX512
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "heads, kv_heads, d",
@@ -424,7 +463,16 @@ def test_paged_attention_against_the_reference_and_torch(
             assert relative_error(simd[b], softmax_attention(q[b], keys, values)) < REFERENCE_TOLERANCE
 
 
-@pytest.mark.parametrize("heads, kv_heads, d", [(32, 32, 64), (16, 8, 128), (9, 3, 64), (4, 4, 64)])
+@ON_EMULATED_AVX512
+@pytest.mark.parametrize(
+    "heads, kv_heads, d",
+    [
+        pytest.param(32, 32, 64, marks=NOT_EMULATED),
+        pytest.param(16, 8, 128, marks=NOT_EMULATED),
+        (9, 3, 64),
+        (4, 4, 64),
+    ],
+)
 def test_paged_attention_of_a_request_is_the_same_alone_as_in_a_batch(
     kernels: CpuKernels, heads: int, kv_heads: int, d: int
 ) -> None:
@@ -475,8 +523,18 @@ def each_alone_and_batched(
 # which take their keys and values staged in fp32 (paged_attention.c's attend_staged: from 8 rows with 512-bit
 # registers, from 6 with 256-bit ones), and a member alone does not.
 # An fp32 pool takes fp32 products on every build (Intel's CPUs take them for bf16 pools too).
+@ON_EMULATED_AVX512
 @pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("heads, kv_heads, d", [(32, 32, 64), (16, 8, 128), (9, 3, 64), (24, 8, 128), (4, 4, 64)])
+@pytest.mark.parametrize(
+    "heads, kv_heads, d",
+    [
+        pytest.param(32, 32, 64, marks=NOT_EMULATED),
+        pytest.param(16, 8, 128, marks=NOT_EMULATED),
+        (9, 3, 64),
+        pytest.param(24, 8, 128, marks=NOT_EMULATED),
+        (4, 4, 64),
+    ],
+)
 def test_paged_attention_of_requests_sharing_a_prefix_is_each_one_s_alone(
     kernels: CpuKernels, pool_dtype: torch.dtype, heads: int, kv_heads: int, d: int
 ) -> None:
@@ -668,6 +726,7 @@ def test_prefill_attention_of_requests_sharing_a_prefix_is_each_one_s_alone(
         assert torch.equal(alone, together[rows]), b
 
 
+@ON_EMULATED_AVX512
 @pytest.mark.parametrize("tokens, heads, d", [(1, 12, 64), (37, 4, 16), (300, 3, 128)])
 def test_rotary_is_torch_rope_bit_for_bit(kernels: CpuKernels, tokens: int, heads: int, d: int) -> None:
     """On a view into a wider fused QKV row, as the attention layer hands it over, over more
@@ -680,6 +739,7 @@ def test_rotary_is_torch_rope_bit_for_bit(kernels: CpuKernels, tokens: int, head
     assert rotated.is_contiguous() and torch.equal(rotated, apply_rotary(x, rope))
 
 
+@ON_EMULATED_AVX512
 @pytest.mark.parametrize("rows, n", [(1, 8), (37, 1536 + 5), (3, 40)])
 def test_silu_and_mul_is_torch_swiglu_within_rounding(kernels: CpuKernels, rows: int, n: int) -> None:
     """Over the vector body and its scalar tail, with gates far out on both sides."""
@@ -690,6 +750,7 @@ def test_silu_and_mul_is_torch_swiglu_within_rounding(kernels: CpuKernels, rows:
     torch.testing.assert_close(kernels.silu_and_mul(gate_up), expected, rtol=2e-6, atol=1e-6)
 
 
+@ON_EMULATED_AVX512_AND_AVXVNNI
 @pytest.mark.parametrize("rows, n", [(1, 64), (17, 576), (70, 96)])
 def test_rounded_rows_of_the_norm_and_swiglu_give_the_products_of_their_fp32_rows(
     kernels: CpuKernels, rows: int, n: int
@@ -731,6 +792,7 @@ def test_rounded_rows_refuse_what_the_products_cannot_read(kernels: CpuKernels) 
         kernels.int4(weight.codes, weight.scale, weight.minimum, 16)(RoundedRows.empty(4, 96))
 
 
+@ON_EMULATED_AVX512
 @pytest.mark.parametrize("rows, n", [(1, 8), (37, 576 + 5), (3, 2048)])
 def test_rms_norm_is_torch_s_within_rounding(kernels: CpuKernels, rows: int, n: int) -> None:
     """Over the vector body and its scalar tail, with the residual added first and without, over more
@@ -813,6 +875,7 @@ def test_paged_attention_refuses_mismatched_arguments(kernels: CpuKernels) -> No
             kernels.paged_decode_attention(**{**good, name: value})
 
 
+@ON_EMULATED_AVX512
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_store_kv_writes_what_the_pool_s_own_store_writes(kernels: CpuKernels, dtype: torch.dtype) -> None:
     """An extend pass's keys and values as views into a fused QKV output (rows wider than a token's
@@ -859,6 +922,7 @@ def test_store_kv_refuses_mismatched_arguments(kernels: CpuKernels) -> None:
     assert torch.equal(pool, stored)  # a refused call wrote nothing
 
 
+@ON_EMULATED_AVX512
 @pytest.mark.parametrize("rows, n", [(1, 49152), (32, 49152), (9, 37), (3, 7)])
 def test_argmax_is_max_s_indices(kernels: CpuKernels, rows: int, n: int) -> None:
     """Every build's argmax and its reference against torch.max's indices: rows whose largest value repeats
@@ -881,6 +945,7 @@ def test_argmax_is_max_s_indices(kernels: CpuKernels, rows: int, n: int) -> None
             kernels.argmax(bad)
 
 
+@ON_EMULATED_AVX512
 @pytest.mark.parametrize("rows, n", [(1, 49152), (32, 49152), (9, 37), (3, 7)])
 def test_logsumexp_is_torch_s(kernels: CpuKernels, rows: int, n: int) -> None:
     """Every build's log-sum-exp and its reference against torch's (in float64): logits as large as a model's,

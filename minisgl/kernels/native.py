@@ -35,6 +35,7 @@ a ``ValueError`` that names the argument.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
@@ -286,13 +287,18 @@ class CpuKernels:
     ``x`` and call. Methods with ``reference=True`` run the plain C reference the library exports
     instead of its SIMD body (the tests' yardstick)."""
 
-    def __init__(self, path: Path, variant: Variant, header: Path = HEADER) -> None:
-        """``path``: the library, built from the sources beside ``header``, its declarations."""
+    def __init__(
+        self, path: Path, variant: Variant, header: Path = HEADER, calls: Callable[[Any, cffi.FFI], Any] | None = None
+    ) -> None:
+        """``path``: the library, built from the sources beside ``header``, its declarations. ``calls``: what
+        its functions are called through, given the library and its ffi (the tests' emulated CPU, for a
+        build this one cannot execute); None calls them directly."""
         self.variant, self.ffi = variant, _ffi(header)
-        self.lib: Any = open_library(path, header)
-        missing = undefined_declarations(self.lib)  # now, not at first use
+        library = open_library(path, header)
+        missing = undefined_declarations(library)  # now, not at first use
         if missing:
             raise OSError(f"{path.name} lacks {', '.join(missing)}, which kernels.h declares")
+        self.lib: Any = library if calls is None else calls(library, self.ffi)
         built = self.ffi.string(self.lib.kernels_variant()).decode()
         if built != variant.name:
             raise OSError(f"the {variant.name} build compiled the {built} bodies: the compiler lacks its flags")
