@@ -22,6 +22,7 @@ import ctypes
 import mmap
 import os
 import re
+import shlex
 import struct
 import subprocess
 import tempfile
@@ -361,6 +362,8 @@ class EmulatedLibrary:
     def _emulated(self, name: str, function: Any) -> Callable[..., Any]:
         ffi, cpu = self._ffi, self._cpu
         signature = ffi.typeof(function)
+        if signature.result.cname in ("float", "double"):
+            raise TypeError(f"{name} returns a {signature.result.cname}, which call() does not read back (xmm0)")
         address = int(ffi.cast("uintptr_t", ffi.addressof(self._library, name)))
 
         def call(*args: Any) -> Any:
@@ -422,9 +425,8 @@ def _compiler_without_openmp() -> Path:
         raise Unavailable("no C compiler")
     wrapper = cache_dir() / "cc-without-openmp"
     wrapper.parent.mkdir(parents=True, exist_ok=True)
-    text = (
-        f'#!/bin/sh\nfor arg do\n  shift\n  [ "$arg" = -fopenmp ] || set -- "$@" "$arg"\ndone\nexec {compiler} "$@"\n'
-    )
+    drop = 'for arg do\n  shift\n  [ "$arg" = -fopenmp ] || set -- "$@" "$arg"\ndone\n'
+    text = f'#!/bin/sh\n{drop}exec {shlex.quote(compiler)} "$@"\n'
     if not wrapper.is_file() or wrapper.read_text() != text:
         wrapper.write_text(text)
         wrapper.chmod(0o755)
