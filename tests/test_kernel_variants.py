@@ -260,9 +260,10 @@ def rounded_per_group(x: torch.Tensor, digits: int) -> torch.Tensor:
     return ((high * 256 + low) * (amax / 127 / 256)).view_as(x)
 
 
-# One tile part-filled (1, 37, 100, 21 rows); past 1,024 columns (32 groups) many rows of x are summed
-# in spans of groups, and past 256 (8) a few rows' two vectors of a tile take turns (256-bit builds);
-# 96 columns: an odd number of groups; 270 rows: 17 tiles, with two threads in blocks of 4 and 5 tiles.
+# One tile part-filled (1, 37, 100, 21 rows); past 1,024 columns (32 groups) with plain AVX2 and 2,048 (64)
+# with vpdpbusd many rows of x are summed in spans of groups, and past 256 (8) a few rows' two vectors of a
+# tile take turns (256-bit builds); 96 columns: an odd number of groups; 270 rows: 17 tiles, with two threads
+# in blocks of 4 and 5 tiles.
 @ON_EMULATED_AVX512_AND_AVXVNNI
 @pytest.mark.parametrize("digits", [1, 2])
 @pytest.mark.parametrize("n, k", [(1, 64), (37, 96), (100, 576), (21, 2048 + 64), (270, 64)])
@@ -288,7 +289,7 @@ def test_int4_product_is_its_reference_bit_for_bit(kernels: CpuKernels, n: int, 
     assert torch.equal(simd(x), torch.zeros(3, n))
 
 
-# 40 columns: padded to 64 (two groups); 2,080: past a span of 32 groups and many turns of 8.
+# 40 columns: padded to 64 (two groups); 2,080: past a span (32 or 64 groups) and many turns of 8.
 @ON_EMULATED_AVX512_AND_AVXVNNI
 @pytest.mark.parametrize("digits", [1, 2])
 @pytest.mark.parametrize("n, k", [(1, 32), (65, 96), (17, 40), (7, 2048 + 32)])

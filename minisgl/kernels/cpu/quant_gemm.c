@@ -57,7 +57,8 @@
 #define GEMM_ROWS 8    // rows of x per register tile
 #define AMX_ROWS 16    // rows of x per tile product (the amx build's, below)
 #define BLOCK_TILES 8  // tiles a register tile of x runs against while in L1 (their span's codes: L2)
-#define SPAN 32        // groups per pass over the rows of x: a span's codes and a register tile's x stay in L1
+#define SPAN 32        // groups per pass over the rows of x with plain AVX2: a register tile's x stays in L1
+#define VNNI_SPAN 64   // the same with vpdpbusd (x is int8 alone there: 16 KiB a register tile); see gemm_rounded
 #define TURN 8         // one row of x, 256-bit registers: groups a tile's first vector of rows runs before its second
 // Bytes ahead in a tile's codes that the loop asks for (the stream's next 8-16 groups), and as many groups ahead
 // in its scales and minimums: one row of x is bound by these streams (benchmarks.decode_per_byte; against other
@@ -947,13 +948,18 @@ static int gemm_rounded(int bits, RoundedX xr, int digits, int64_t rows, int64_t
     }
 #if defined(WIDE_DOTS)
     if (bits == 4 && digits == 1) return gemm_unpacked(&xr, rows, K, codes, scale, minimum, N, y, blocks, threads);
+    const int64_t span = SPAN;  // the int8 products read x as int16: twice the bytes
+#else
+    // Each span past the first reads the outputs back and writes them again; at 64 groups K = 2,048 (a 1-2B
+    // model's width) is one span (docs/benchmarks/session56-amd/notes.md: span_ab.py, burst17_ab.py).
+    const int64_t span = VNNI_SPAN;
 #endif
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
         int64_t t0, t1;
         tiles_of_block(b, blocks, tiles, &t0, &t1);
-        for (int64_t g0 = 0; g0 < groups; g0 += SPAN) {
-            const int64_t g1 = min64(g0 + SPAN, groups);
+        for (int64_t g0 = 0; g0 < groups; g0 += span) {
+            const int64_t g1 = min64(g0 + span, groups);
             for (int64_t r0 = 0; r0 < rows; r0 += GEMM_ROWS) {
                 const int64_t R = min64(GEMM_ROWS, rows - r0);
                 for (int64_t t = t0; t < t1; t++)
