@@ -1,3 +1,4 @@
+# ruff: noqa: I001, PLR0402  (the imports are timed: they come after the thread starts, in this order)
 """Scratch: a scheduler-like process start, with or without the weights' huge pages faulted in on a
 thread while torch and the engine import."""
 import ctypes, mmap, os, sys, threading, time
