@@ -98,16 +98,20 @@ def race(calls: dict[str, Callable[[], object]], repeats: int = 1, rounds: int =
 PRODUCTS_AB_HEADER = "| product | rows | base ms | new ms | speed-up | same bits |\n|---|---|---|---|---|---|"
 
 
+Product = Callable[[torch.Tensor], torch.Tensor]
+
+
 def race_products(
-    name: str, rows: int, before: Callable[[], torch.Tensor], after: Callable[[], torch.Tensor], repeats: int,
-    checks: int = 1,
-) -> None:  # fmt: skip
-    """One row of a build A/B's table (``PRODUCTS_AB_HEADER``) for a product of ``rows`` rows: the two builds'
-    calls (``before``, ``after``) checked equal bit for bit over ``checks`` calls each, then ``race``d, 9 rounds of
-    ``repeats`` calls."""
-    same = all(torch.equal(before(), after()) for _ in range(checks))
-    t = race({"base": before, "new": after}, repeats=repeats, rounds=9)
-    print(f"| {name} | {rows} | {1e3 * t['base']:.3f} | {1e3 * t['new']:.3f} | {t['base'] / t['new']:.2f}x | {same} |")
+    name: str, x: torch.Tensor, before: Product, after: Product, repeats: int | None = None, checks: int = 1
+) -> None:
+    """One row of a build A/B's table (``PRODUCTS_AB_HEADER``) for the two builds' products (``before``, ``after``)
+    of the rows ``x``: checked equal bit for bit over ``checks`` calls each, then ``race``d, 9 rounds of ``repeats``
+    calls (by default 20 for decode rows, 3 for more than 32)."""
+    same = all(torch.equal(before(x), after(x)) for _ in range(checks))
+    repeats = repeats or (20 if len(x) <= 32 else 3)
+    t = race({"base": lambda: before(x), "new": lambda: after(x)}, repeats=repeats, rounds=9)
+    speed_up = t["base"] / t["new"]
+    print(f"| {name} | {len(x)} | {1e3 * t['base']:.3f} | {1e3 * t['new']:.3f} | {speed_up:.2f}x | {same} |")
 
 
 def seconds(f: Callable[[], object], min_time: float = 0.3) -> float:

@@ -25,7 +25,7 @@ def compare(base: CpuKernels, new: CpuKernels, name: str, n: int, k: int, rows: 
     w = Int4Weight.quantize(torch.randn(n, k, generator=g))
     x = torch.randn(rows, k, generator=g)
     before, after = base.int4(w.codes, w.scale, w.minimum, n), new.int4(w.codes, w.scale, w.minimum, n)
-    race_products(name, rows, lambda: before(x), lambda: after(x), repeats=20 if rows <= 32 else 3)
+    race_products(name, x, before, after)
 
 
 def main() -> None:

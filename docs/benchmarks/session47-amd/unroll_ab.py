@@ -24,11 +24,6 @@ SHAPES = [  # (name, out, in, rows): a decode step's rows, and a prefill pass's 
 LM_HEAD_ROWS = (1, 16, 32)
 
 
-def compare(name: str, rows: int, before: Callable[[torch.Tensor], torch.Tensor],
-            after: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> None:  # fmt: skip
-    race_products(name, rows, lambda: before(x), lambda: after(x), repeats=20 if rows <= 32 else 3)
-
-
 def main() -> None:
     base, new = builds_to_compare(__doc__)
     print(PRODUCTS_AB_HEADER)
@@ -37,12 +32,12 @@ def main() -> None:
         w = Int4Weight.quantize(torch.randn(n, k, generator=g))
         x = torch.randn(rows, k, generator=g)
         products = [kernels.int4(w.codes, w.scale, w.minimum, n) for kernels in (base, new)]
-        compare(f"{name}, int4", rows, *products, x)
+        race_products(f"{name}, int4", x, *products)
     head = Int8Weight.quantize(torch.randn(49152, 576, generator=g))
     for rows in LM_HEAD_ROWS:
         x = torch.randn(rows, 576, generator=g)
         products = [_int8(kernels, head) for kernels in (base, new)]
-        compare("lm_head, int8, two digits", rows, *products, x)
+        race_products("lm_head, int8, two digits", x, *products)
 
 
 def _int8(kernels: CpuKernels, w: Int8Weight) -> Callable[[torch.Tensor], torch.Tensor]:

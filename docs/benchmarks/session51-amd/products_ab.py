@@ -39,7 +39,7 @@ def compare(
 ) -> None:
     before, after = products(base, weights), products(new, weights)
     repeats = max(len(weights), 20 if rows <= 64 else 3)
-    race_products(f"{name}, int4", rows, lambda: before(x), lambda: after(x), repeats, checks=len(weights))
+    race_products(f"{name}, int4", x, before, after, repeats, checks=len(weights))
 
 
 def main() -> None:

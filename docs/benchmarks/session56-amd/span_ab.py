@@ -8,8 +8,6 @@ with two; the outputs checked equal bit for bit; alternating calls, 9 rounds, me
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from benchmarks.many_rows import PRODUCTS_AB_HEADER, builds_to_compare, race_products
@@ -23,11 +21,6 @@ SHAPES = [  # (name, out, in, rows): prefill passes' products (the MLP's in its 
 LM_HEADS = [("1.7B lm_head", 49152, 2048, 16), ("135M lm_head", 49152, 576, 16)]
 
 
-def compare(name: str, rows: int, before: Callable[[torch.Tensor], torch.Tensor],
-            after: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> None:  # fmt: skip
-    race_products(name, rows, lambda: before(x), lambda: after(x), repeats=20 if rows <= 32 else 3)
-
-
 def main() -> None:
     base, new = builds_to_compare(__doc__)
     print(PRODUCTS_AB_HEADER)
@@ -35,11 +28,11 @@ def main() -> None:
     for name, n, k, rows in SHAPES:
         w, x = Int4Weight.quantize(torch.randn(n, k, generator=g)), torch.randn(rows, k, generator=g)
         before, after = (kernels.int4(w.codes, w.scale, w.minimum, n) for kernels in (base, new))
-        compare(f"{name}, int4", rows, before, after, x)
+        race_products(f"{name}, int4", x, before, after)
     for name, n, k, rows in LM_HEADS:
         w, x = Int8Weight.quantize(torch.randn(n, k, generator=g)), torch.randn(rows, k, generator=g)
         before, after = (kernels.int8(w.codes, w.scale, n, digits=2) for kernels in (base, new))
-        compare(f"{name}, int8, two digits", rows, before, after, x)
+        race_products(f"{name}, int8, two digits", x, before, after)
 
 
 if __name__ == "__main__":
