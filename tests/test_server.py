@@ -499,6 +499,7 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("messages wrong type", CHAT, {"messages": "hi"}, 400, "Expected `array`, got `str`"),
     ("bad role", CHAT, {"messages": [{"role": "robot", "content": "x"}]}, 400, "role must be one of"),
     ("user without content", CHAT, {"messages": [{"role": "user"}]}, 400, "messages[0].content is required in a user"),
+    ("assistant without content", CHAT, {"messages": [*HI, {"role": "assistant"}, *HI]}, 400, "without tool_calls"),
     ("tool content null", CHAT, {"messages": [*HI, {"role": "tool", "content": None}]}, 400, "messages[1].content is"),
     ("max_tokens wrong type", CHAT, {"messages": HI, "max_tokens": "ten"}, 400, "Expected `int | null`, got `str`"),
     ("max_tokens zero", CHAT, {"messages": HI, "max_tokens": 0}, 400, "max_tokens must be a positive integer"),

@@ -109,10 +109,9 @@ def chat_prompt_ids(
             raise ApiError(
                 400, f"messages[{i}].role must be one of {sorted(_ROLES)}, got {m.role!r}", param=f"messages[{i}].role"
             )
-        if m.content is None and m.role != "assistant":  # an assistant turn may be its tool calls alone
-            raise ApiError(
-                400, f"messages[{i}].content is required in a {m.role} message", param=f"messages[{i}].content"
-            )
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):  # a turn of tool calls alone
+            what = "an assistant message without tool_calls" if m.role == "assistant" else f"a {m.role} message"
+            raise ApiError(400, f"messages[{i}].content is required in {what}", param=f"messages[{i}].content")
         if isinstance(m.content, list):
             if any(part.type != "text" or part.text is None for part in m.content):
                 raise ApiError(400, "only text content parts are supported", param=f"messages[{i}].content")
