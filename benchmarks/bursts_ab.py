@@ -39,6 +39,13 @@ def shared_prefixes(ids: Ids) -> list[list[int]]:
     return [system + ids(32) for system in (ids(512) for _ in range(4)) for _ in range(8)]
 
 
+def one_system_prompt(ids: Ids) -> list[list[int]]:
+    """One system prompt of 512 ids with 16 questions of 32 (``benchmarks.paired --groups 1 --prompts-per-group 16``'s
+    shape, the 1.7B runs')."""
+    system = ids(512)
+    return [system + ids(32) for _ in range(16)]
+
+
 def long_prompt(ids: Ids) -> list[list[int]]:
     """One prompt of 2,000 ids."""
     return [ids(2000)]
@@ -97,16 +104,16 @@ def pairs_from_argv(default: int) -> int:
     return pairs
 
 
-def compare_builds(doc: str, bursts: list[Burst]) -> None:
-    """A build A/B script's body (``doc``: its help): ``--pairs`` (8 by default) and ``builds_to_compare``'s
-    arguments parsed, the default model loaded, and ``bursts`` compared with the commit's kernel build and the
-    working tree's, swapped in before each burst (``swap_kernels``)."""
-    pairs = pairs_from_argv(8)
+def compare_builds(doc: str, bursts: list[Burst], model: str | None = None, pairs: int = 8) -> None:
+    """A build A/B script's body (``doc``: its help): ``--pairs`` (``pairs`` by default) and ``builds_to_compare``'s
+    arguments parsed, ``model`` loaded (None: the default), and ``bursts`` compared with the commit's kernel build and
+    the working tree's, swapped in before each burst (``swap_kernels``)."""
+    pairs = pairs_from_argv(pairs)
     base, new = builds_to_compare(doc)
-    llm = LLM()
-    model = llm.scheduler.runner.engine.model
-    assert isinstance(model, DecoderForCausalLM)
+    llm = LLM(model)
+    decoder = llm.scheduler.runner.engine.model
+    assert isinstance(decoder, DecoderForCausalLM)
     compare_bursts(
-        llm, {"base": lambda: swap_kernels(model, base), "new": lambda: swap_kernels(model, new)}, bursts, pairs
+        llm, {"base": lambda: swap_kernels(decoder, base), "new": lambda: swap_kernels(decoder, new)}, bursts, pairs
     )
     llm.shutdown()

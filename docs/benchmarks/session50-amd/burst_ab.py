@@ -9,14 +9,7 @@ its fused decode step, whose decode attention is the build's own, so decode step
 
 from __future__ import annotations
 
-from benchmarks.bursts_ab import Burst, Ids, compare_builds, random_prompts
-
-
-def one_system_prompt(ids: Ids) -> list[list[int]]:
-    """One system prompt of 512 ids with 16 questions of 32."""
-    system = ids(512)
-    return [system + ids(32) for _ in range(16)]
-
+from benchmarks.bursts_ab import Burst, compare_builds, one_system_prompt, random_prompts
 
 if __name__ == "__main__":
     compare_builds(__doc__, [Burst("shared prefix, 16 questions", one_system_prompt), Burst("random", random_prompts)])
