@@ -388,10 +388,11 @@ def test_fused_decode_step_matches_the_layer_by_layer_one(auto_llm: LLM, monkeyp
     assert_fused_matches_layers(auto_llm, monkeypatch, steps=1)
 
 
-def first_pass_logits(
-    llm: LLM, monkeypatch: pytest.MonkeyPatch, prompts: list[list[int]]
-) -> Callable[[], torch.Tensor]:
-    """A call that runs ``prompts`` for one token each from an emptied cache and gives its first pass's logits."""
+def passes_logits(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch, prompts: list[list[int]], max_tokens: int = 1
+) -> Callable[[], list[torch.Tensor]]:
+    """A call that runs ``prompts`` for ``max_tokens`` tokens each from an emptied cache, without drafts, and
+    gives each pass's logits: the prefill pass first, then the decode steps."""
     engine = llm.scheduler.engine
     run_model, logits = engine.run_model, []
 
@@ -400,14 +401,15 @@ def first_pass_logits(
         logits.append(out.clone())
         return out
 
-    def prefill() -> torch.Tensor:
+    def run() -> list[torch.Tensor]:
         logits.clear()
         llm.flush_cache()
-        llm.generate(prompts, SamplingParams(max_tokens=1), use_tqdm=False)
-        return logits[0]
+        llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
+        return list(logits)
 
+    monkeypatch.setattr(llm.scheduler, "drafter", None)
     monkeypatch.setattr(engine, "run_model", recording)
-    return prefill
+    return run
 
 
 def test_norms_and_swiglu_hand_their_rows_rounded_to_the_products(
@@ -419,15 +421,15 @@ def test_norms_and_swiglu_hand_their_rows_rounded_to_the_products(
     engine, kernels = auto_llm.scheduler.engine, auto_llm.scheduler.engine.model.kernels
     if kernels is None or kernels.bf16_prefill:
         pytest.skip("prefill rows take the tile unit's bf16 path here, from fp32 rows")
-    prefill = first_pass_logits(auto_llm, monkeypatch, [[5, 9, 200, 17, 33] * 20, [7, 7, 81, 4] * 30])
+    passes = passes_logits(auto_llm, monkeypatch, [[5, 9, 200, 17, 33] * 20, [7, 7, 81, 4] * 30])
     norm = mock.patch.object(kernels, "rms_norm_rounded", wraps=kernels.rms_norm_rounded)
     swiglu = mock.patch.object(kernels, "silu_and_mul_rounded", wraps=kernels.silu_and_mul_rounded)
     with norm as norms, swiglu as swiglus:
-        rounded = prefill()
+        [rounded] = passes()
     layers = len(engine.model.model.layers)
     assert (norms.call_count, swiglus.call_count) == (2 * layers, layers)
     monkeypatch.setattr(QuantizedWeight, "takes_rounded", lambda self, prefill_rows: False)
-    assert torch.equal(prefill(), rounded)
+    assert torch.equal(passes()[0], rounded)
 
 
 def test_fused_decode_rounds_every_projection_to_one_digit(auto_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -477,22 +479,24 @@ def test_fused_decode_rounds_every_projection_to_one_digit(auto_llm: LLM, monkey
 
 def test_quality_benchmarks_two_digit_products_run_every_pass(auto_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
     """``benchmarks.quality``'s "two digits in every product" row: inside it no layer hands its products rows
-    rounded to one digit, so a prefill pass runs and its logits differ from the one-digit pass's; after it the
+    rounded to one digit, so every pass whose products round x (the decode steps; the prefill pass too, but
+    where prefill rows take the tile unit's bf16 path) has logits other than the one-digit pass's; after it the
     layers take one digit again."""
     from benchmarks.quality import two_digits_everywhere
 
     model = auto_llm.scheduler.engine.model
     if model.kernels is None:
         pytest.skip("no C kernels here")
-    prefill = first_pass_logits(auto_llm, monkeypatch, [[5, 9, 200, 17, 33] * 20])
+    passes = passes_logits(auto_llm, monkeypatch, [[5, 9, 200, 17, 33] * 20], max_tokens=2)
     layers = [w for w in model.model.layers.modules() if isinstance(w, QuantizedWeight)]
-    one_digit = prefill()
+    one_digit = passes()
     with two_digits_everywhere(model):
         assert {w.digits for w in layers} == {2} and not any(w.takes_rounded(0) for w in layers)
-        two_digit = prefill()
+        two_digit = passes()
     assert {w.digits for w in layers} == {1}
-    assert not torch.equal(two_digit, one_digit)
-    assert torch.equal(prefill(), one_digit)
+    prefill_rounds = not model.kernels.bf16_prefill
+    assert [not torch.equal(a, b) for a, b in zip(two_digit, one_digit, strict=True)] == [prefill_rounds, True]
+    assert all(torch.equal(a, b) for a, b in zip(passes(), one_digit, strict=True))
     auto_llm.scheduler.check_accounting()
 
 
