@@ -425,7 +425,7 @@ def test_norms_and_swiglu_hand_their_rows_rounded_to_the_products(
     norm = mock.patch.object(kernels, "rms_norm_rounded", wraps=kernels.rms_norm_rounded)
     swiglu = mock.patch.object(kernels, "silu_and_mul_rounded", wraps=kernels.silu_and_mul_rounded)
     with norm as norms, swiglu as swiglus:
-        [rounded] = passes()
+        rounded = passes()[0]
     layers = len(engine.model.model.layers)
     assert (norms.call_count, swiglus.call_count) == (2 * layers, layers)
     monkeypatch.setattr(QuantizedWeight, "takes_rounded", lambda self, prefill_rows: False)
@@ -479,9 +479,9 @@ def test_fused_decode_rounds_every_projection_to_one_digit(auto_llm: LLM, monkey
 
 def test_quality_benchmarks_two_digit_products_run_every_pass(auto_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
     """``benchmarks.quality``'s "two digits in every product" row: inside it no layer hands its products rows
-    rounded to one digit, so every pass whose products round x (the decode steps; the prefill pass too, but
-    where prefill rows take the tile unit's bf16 path) has logits other than the one-digit pass's; after it the
-    layers take one digit again."""
+    rounded to one digit, so every pass whose products round x has logits other than the one-digit pass's: the
+    decode steps, and the prefill pass but where prefill rows take the tile unit's bf16 path (which rounds x to
+    bf16, not to digits). After it the layers take one digit again."""
     from benchmarks.quality import two_digits_everywhere
 
     model = auto_llm.scheduler.engine.model
